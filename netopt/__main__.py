@@ -1,0 +1,7 @@
+"""``python -m netopt``."""
+
+import sys
+
+from netopt.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The ``netopt`` command line: parse arguments, call ``run_*`` functions, report.
+
+Exit codes: 0 ok, 1 failure, 2 usage or bad input (see ``netopt.errors``).
+Each command group lives in its own module under ``netopt/cli/`` and is added
+to the group below.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from netopt import __version__
+from netopt.cli import config_cmd
+from netopt.cli.output import err_console, print_json
+from netopt.errors import EXIT_FAILURE, EXIT_USAGE, NetoptError
+
+__all__ = ["cli", "main"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="netopt")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="warning",
+    show_default=True,
+    envvar="NETOPT_LOG_LEVEL",
+    help="Logging verbosity (also NETOPT_LOG_LEVEL).",
+)
+def cli(log_level: str) -> None:
+    """netopt: measure cross-region links, tune NCCL, move datasets once per region."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+cli.add_command(config_cmd.config_group)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; turn netopt errors into messages and exit codes."""
+    try:
+        result: Any = cli.main(args=argv, prog_name="netopt", standalone_mode=False)
+    except NetoptError as exc:
+        _report(exc, argv)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        return EXIT_FAILURE
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def _report(exc: NetoptError, argv: list[str] | None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if "--json" in args:
+        print_json(exc.to_dict())
+    else:
+        err_console.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)

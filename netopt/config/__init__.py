@@ -1,0 +1,248 @@
+"""Configuration: one loader for every netopt YAML file.
+
+``load_settings(path, kind)`` reads a YAML file, applies ``NETOPT_*``
+environment overrides and returns frozen, typed settings. Kinds:
+
+========== ===================== ===========================
+kind       settings class        example file
+========== ===================== ===========================
+agent      AgentSettings         configs/agent.yaml
+coordinator CoordinatorSettings  configs/coordinator.yaml
+datasets   DatasetsSettings      configs/datasets.yaml
+lab        LabTopology           configs/lab/two-region.yaml
+========== ===================== ===========================
+
+Environment overrides: ``NETOPT_<KIND>__<KEY>[__<SUBKEY>...]=VALUE`` sets a key
+of an agent or coordinator file (the value is read as a YAML scalar, so
+``NETOPT_AGENT__PROBE__RATE_PPS=50`` gives a number), and ``NETOPT_TOKEN`` sets
+the shared token of both (taking the place of ``token``/``token_file``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast, overload
+
+import yaml
+
+from netopt.config.common import ListenAddress
+from netopt.config.datasets import DatasetSpec, DatasetsSettings
+from netopt.config.lab import LabTopology, LinkShape, LinkSpec, RegionSpec
+from netopt.config.loader import SourceMap, convert, parse_yaml
+from netopt.config.services import (
+    AgentSettings,
+    CacheSettings,
+    CoordinatorSettings,
+    ProbePlanSettings,
+    ProbeSettings,
+    SpoolSettings,
+)
+from netopt.errors import ConfigError
+
+__all__ = [
+    "KINDS",
+    "AgentSettings",
+    "CacheSettings",
+    "CoordinatorSettings",
+    "DatasetSpec",
+    "DatasetsSettings",
+    "Kind",
+    "LabTopology",
+    "LinkShape",
+    "LinkSpec",
+    "ListenAddress",
+    "ProbePlanSettings",
+    "ProbeSettings",
+    "RegionSpec",
+    "Settings",
+    "SpoolSettings",
+    "detect_kind",
+    "load_settings",
+    "parse_settings",
+    "resolve_token",
+    "settings_to_dict",
+]
+
+Kind = Literal["agent", "coordinator", "datasets", "lab"]
+Settings = AgentSettings | CoordinatorSettings | DatasetsSettings | LabTopology
+KINDS: dict[str, type[Any]] = {
+    "agent": AgentSettings,
+    "coordinator": CoordinatorSettings,
+    "datasets": DatasetsSettings,
+    "lab": LabTopology,
+}
+_OVERRIDABLE = ("agent", "coordinator")
+_TOKEN_ENV = "NETOPT_TOKEN"  # noqa: S105 - the variable's name, not a secret
+
+S = TypeVar("S")
+
+
+def detect_kind(data: Any, file: str) -> Kind:
+    """Tell the kind of a parsed file from its ``kind:`` key or its distinctive keys."""
+    if isinstance(data, dict):
+        declared = data.get("kind")
+        if declared is not None:
+            if declared not in KINDS:
+                raise ConfigError(
+                    f"is {declared!r}", file=file, key_path="kind", expected=" or ".join(KINDS)
+                )
+            return cast(Kind, declared)
+        if "regions" in data:
+            return "lab"
+        if "datasets" in data:
+            return "datasets"
+        if "node" in data:
+            return "agent"
+        if "database" in data or "probe_plan" in data:
+            return "coordinator"
+    raise ConfigError(
+        "cannot tell what kind of netopt file this is",
+        file=file,
+        expected="a 'kind:' key or --kind agent|coordinator|datasets|lab",
+    )
+
+
+@overload
+def load_settings(
+    path: str | os.PathLike[str], kind: Literal["agent"], env: Mapping[str, str] | None = None
+) -> AgentSettings: ...
+@overload
+def load_settings(
+    path: str | os.PathLike[str],
+    kind: Literal["coordinator"],
+    env: Mapping[str, str] | None = None,
+) -> CoordinatorSettings: ...
+@overload
+def load_settings(
+    path: str | os.PathLike[str], kind: Literal["datasets"], env: Mapping[str, str] | None = None
+) -> DatasetsSettings: ...
+@overload
+def load_settings(
+    path: str | os.PathLike[str], kind: Literal["lab"], env: Mapping[str, str] | None = None
+) -> LabTopology: ...
+@overload
+def load_settings(
+    path: str | os.PathLike[str], kind: None = None, env: Mapping[str, str] | None = None
+) -> Settings: ...
+def load_settings(
+    path: str | os.PathLike[str], kind: Kind | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Read ``path`` and return its settings.
+
+    ``env`` defaults to ``os.environ``. Raises ConfigError (file, key, expectation,
+    line) for a missing, unreadable or invalid file.
+    """
+    file = os.fspath(path)
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("does not exist", file=file, expected="a readable YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot be read: {exc}", file=file) from None
+    return parse_settings(text, file, kind, os.environ if env is None else env)
+
+
+def parse_settings(
+    text: str, file: str, kind: Kind | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Parse settings from YAML ``text``; ``file`` names it in errors."""
+    data, source = parse_yaml(text, file)
+    if data == {} and kind is None:
+        raise ConfigError("is empty", file=file, expected="a YAML mapping")
+    if not isinstance(data, dict):
+        raise ConfigError("is not a mapping", file=file, line=1, expected="a YAML mapping")
+    found = detect_kind(data, file) if kind is None else kind
+    declared = data.pop("kind", None)
+    if declared is not None and declared != found:
+        raise ConfigError(
+            f"is {declared!r} but the file is read as {found!r}",
+            file=file,
+            key_path="kind",
+            line=source.line_of(("kind",)),
+            expected=found,
+        )
+    if found in _OVERRIDABLE and env:
+        data, source = _apply_overrides(data, source, found, env)
+    settings = convert(KINDS[found], data, source)
+    if found in _OVERRIDABLE and env and env.get(_TOKEN_ENV):
+        settings = replace(settings, token=env[_TOKEN_ENV], token_file=None)
+    return cast(Settings, settings)
+
+
+def _apply_overrides(
+    data: dict[str, Any], source: SourceMap, kind: str, env: Mapping[str, str]
+) -> tuple[dict[str, Any], SourceMap]:
+    prefix = f"NETOPT_{kind.upper()}__"
+    lines = dict(source.lines)
+    for name in sorted(env):
+        if not name.startswith(prefix):
+            continue
+        keys = [k.lower() for k in name[len(prefix) :].split("__")]
+        if not all(keys):
+            raise ConfigError(
+                "has an empty key", file=f"environment {name}", expected=f"{prefix}KEY[__SUBKEY]"
+            )
+        try:
+            value = yaml.safe_load(env[name])
+        except yaml.YAMLError:
+            value = env[name]
+        node = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[keys[-1]] = value
+        lines.pop(tuple(keys), None)
+    return data, SourceMap(source.file, lines)
+
+
+def resolve_token(token: str | None, token_file: str | None, file: str | None = None) -> str:
+    """The shared secret of a service, from the settings or its token file.
+
+    Raises ConfigError when neither is set or the file is unreadable or too short.
+    """
+    if token:
+        return token
+    if token_file is None:
+        raise ConfigError(
+            "no shared token is configured",
+            file=file,
+            key_path="token_file",
+            expected=f"token_file, token, or the {_TOKEN_ENV} environment variable",
+        )
+    try:
+        secret = Path(token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {token_file}: {exc.strerror}",
+            file=file,
+            key_path="token_file",
+            expected="a readable file holding the token",
+        ) from None
+    if len(secret) < 16:
+        raise ConfigError(
+            f"{token_file} holds fewer than 16 characters",
+            file=file,
+            key_path="token_file",
+            expected="a random secret of 16+ characters",
+        )
+    return secret
+
+
+def settings_to_dict(settings: Any) -> Any:
+    """Settings as plain JSON-able data (mappings, lists, scalars)."""
+    if hasattr(settings, "__dataclass_fields__"):
+        return {
+            name: settings_to_dict(getattr(settings, name))
+            for name in settings.__dataclass_fields__
+        }
+    if isinstance(settings, Mapping):
+        return {str(k): settings_to_dict(v) for k, v in settings.items()}
+    if isinstance(settings, tuple | list):
+        return [settings_to_dict(v) for v in settings]
+    return settings

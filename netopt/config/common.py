@@ -1,0 +1,66 @@
+"""Settings pieces shared by several kinds of configuration file."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from netopt.config.loader import Invalid, bounded
+
+__all__ = [
+    "DATASET_NAME_RE",
+    "NAME_RE",
+    "ListenAddress",
+    "check_dataset_name",
+    "check_name",
+]
+
+NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
+"""Node and region names: lowercase DNS labels of at most 32 characters."""
+
+DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""Dataset names: no slashes, no leading dot, so never a path."""
+
+
+def check_name(key: str, value: str, what: str = "name") -> None:
+    """Raise Invalid unless ``value`` is a node/region name."""
+    if not NAME_RE.match(value):
+        raise Invalid(
+            key,
+            f"{what} {value!r} is not allowed",
+            "lowercase letters, digits and '-', at most 32 characters",
+        )
+
+
+def check_dataset_name(key: str, value: str) -> None:
+    """Raise Invalid unless ``value`` is a dataset name (never a path)."""
+    if not DATASET_NAME_RE.match(value) or ".." in value:
+        raise Invalid(
+            key,
+            f"dataset name {value!r} is not allowed",
+            "letters, digits, '.', '_' and '-' (no '/', no '..'), at most 128 characters",
+        )
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    """Where a service listens. Defaults to loopback: nothing is exposed unless asked."""
+
+    host: str = "127.0.0.1"
+    port: int = bounded(0, ge=0, le=65535)
+
+    def __post_init__(self) -> None:
+        if self.host == "localhost":
+            return
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            raise Invalid(
+                "host", f"{self.host!r} is not an IP address", "an IPv4 or IPv6 address"
+            ) from None
+
+    @property
+    def url_host(self) -> str:
+        """The host as it appears in a URL (IPv6 in brackets)."""
+        return f"[{self.host}]" if ":" in self.host else self.host

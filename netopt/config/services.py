@@ -1,0 +1,118 @@
+"""Settings of the long-running services: the agent daemon and the coordinator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from netopt.config.common import ListenAddress, check_name
+from netopt.config.loader import BYTES, Invalid, bounded
+
+__all__ = [
+    "AgentSettings",
+    "CacheSettings",
+    "CoordinatorSettings",
+    "ProbePlanSettings",
+    "ProbeSettings",
+    "SpoolSettings",
+]
+
+DEFAULT_COORDINATOR_PORT = 7460
+DEFAULT_AGENT_PORT = 7470
+DEFAULT_PROBE_PORT = 7471
+
+
+def _check_token(token: str | None, token_file: str | None) -> None:
+    if token is not None and token_file is not None:
+        raise Invalid("token", "is given together with token_file", "only one of the two")
+    if token is not None and len(token) < 16:
+        raise Invalid("token", "is shorter than 16 characters", "a random secret of 16+ characters")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How the agent measures its peers."""
+
+    port: int = bounded(DEFAULT_PROBE_PORT, ge=1, le=65535)
+    rate_pps: float = bounded(20.0, gt=0, le=10_000)
+    spacing: Literal["fixed", "poisson"] = "poisson"
+    padding_bytes: int = bounded(0, ge=0, le=1400)
+    timeout_s: float = bounded(2.0, gt=0, le=60)
+    window_s: float = bounded(10.0, gt=0, le=3600)
+    bandwidth_interval_s: float = bounded(600.0, ge=10)
+    bandwidth_duration_s: float = bounded(5.0, gt=0, le=120)
+    max_streams: int = bounded(16, ge=1, le=64)
+    congestion_control: Literal["bbr", "cubic", "reno", "default"] = "bbr"
+
+
+@dataclass(frozen=True)
+class SpoolSettings:
+    """Where summaries wait while the coordinator is unreachable."""
+
+    dir: str = "/var/lib/netopt/spool"
+    max_bytes: Annotated[int, BYTES] = 64 * 1024**2
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The node's dataset cache."""
+
+    dir: str = "/var/cache/netopt"
+    capacity_bytes: Annotated[int, BYTES] = 100 * 1024**3
+    max_parallel_streams: int = bounded(16, ge=1, le=64)
+    congestion_control: Literal["bbr", "cubic", "reno", "default"] = "bbr"
+    rate_limit_mbps: float | None = bounded(None, gt=0)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """``netopt agent --config FILE``."""
+
+    node: str
+    region: str
+    coordinator_url: str = f"http://127.0.0.1:{DEFAULT_COORDINATOR_PORT}"
+    token: str | None = None
+    token_file: str | None = None
+    listen: ListenAddress = field(default_factory=lambda: ListenAddress(port=DEFAULT_AGENT_PORT))
+    advertise_host: str | None = None
+    heartbeat_interval_s: float = bounded(10.0, gt=0, le=3600)
+    report_interval_s: float = bounded(10.0, gt=0, le=3600)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    spool: SpoolSettings = field(default_factory=SpoolSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
+
+    def __post_init__(self) -> None:
+        check_name("node", self.node, "node name")
+        check_name("region", self.region, "region name")
+        if not self.coordinator_url.startswith(("http://", "https://")):
+            raise Invalid("coordinator_url", "is not an HTTP URL", "http://HOST:PORT")
+        _check_token(self.token, self.token_file)
+
+
+@dataclass(frozen=True)
+class ProbePlanSettings:
+    """How the coordinator decides who probes whom."""
+
+    per_node_budget: int = bounded(32, ge=1, le=1024)
+    representatives_per_region_pair: int = bounded(2, ge=1, le=16)
+    bandwidth_interval_s: float = bounded(600.0, ge=10)
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """``netopt coordinator --config FILE``."""
+
+    listen: ListenAddress = field(
+        default_factory=lambda: ListenAddress(port=DEFAULT_COORDINATOR_PORT)
+    )
+    token: str | None = None
+    token_file: str | None = None
+    database: str = "/var/lib/netopt/coordinator.db"
+    retention_s: float = bounded(7 * 86400.0, gt=0)
+    stale_after_s: float = bounded(30.0, gt=0)
+    max_request_bytes: Annotated[int, BYTES] = 1024**2
+    probe_plan: ProbePlanSettings = field(default_factory=ProbePlanSettings)
+    datasets_file: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_token(self.token, self.token_file)
