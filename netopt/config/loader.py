@@ -44,7 +44,7 @@ KeyPath = tuple[str | int, ...]
 BYTES = "bytes"
 """Marker for ``Annotated[int, BYTES]``: accepts ``1048576`` or ``"1MiB"``."""
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _SIZE_UNITS = {
     "": 1,
     "b": 1,

@@ -1,0 +1,120 @@
+"""The CLI's help, exit codes and `netopt config check`, run as real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "netopt", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def test_help_lists_commands_and_exits_zero() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    assert "config" in result.stdout
+    assert "--log-level" in result.stdout
+
+
+def test_version() -> None:
+    from netopt import __version__
+
+    result = run("--version")
+    assert result.returncode == 0
+    assert __version__ in result.stdout
+
+
+def test_unknown_command_is_usage_error() -> None:
+    result = run("no-such-command")
+    assert result.returncode == 2
+    assert "No such command" in result.stderr
+
+
+def test_bad_option_is_usage_error() -> None:
+    result = run("config", "check", "--kind", "toaster", "configs/agent.yaml")
+    assert result.returncode == 2
+
+
+def test_config_check_good_files() -> None:
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+    result = run("config", "check", *files)
+    assert result.returncode == 0, result.stderr
+    for file in files:
+        assert f"{file}: ok" in result.stdout
+
+
+def test_config_check_json_good() -> None:
+    result = run("config", "check", "--json", "configs/lab/two-region.yaml")
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    assert data["ok"] is True
+    assert data["kind"] == "lab"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_config_check_bad_file_exit_2_with_the_loader_error(tmp_path: Path, as_json: bool) -> None:
+    bad = tmp_path / "lab.yaml"
+    bad.write_text("regions:\n  hk:\n    nodes: [hk-1]\nlinks:\n  - between: [hk, mars]\n")
+    args = ["config", "check", str(bad)] + (["--json"] if as_json else [])
+    result = run(*args)
+    assert result.returncode == 2
+    if as_json:
+        data = json.loads(result.stdout)
+        assert data["error"] == "ConfigError"
+        assert data["file"] == str(bad)
+        assert data["key"] == "links[0].between[1]"
+        assert data["line"] == 5
+    else:
+        assert f"{bad}:5: key 'links[0].between[1]' names unknown region 'mars'" in result.stderr
+
+
+def test_config_check_kind_forces_the_schema(tmp_path: Path) -> None:
+    file = tmp_path / "x.yaml"
+    file.write_text("node: n1\nregion: hk\n")
+    assert run("config", "check", "--kind", "agent", str(file)).returncode == 0
+    wrong = run("config", "check", "--kind", "coordinator", str(file))
+    assert wrong.returncode == 2
+    assert "'node' is not a known key" in wrong.stderr
+
+
+def test_config_show_applies_defaults_and_env(tmp_path: Path) -> None:
+    file = tmp_path / "agent.yaml"
+    file.write_text("node: n1\nregion: hk\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "netopt", "config", "show", str(file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"NETOPT_AGENT__PROBE__RATE_PPS": "33", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["probe"]["rate_pps"] == 33.0
+    assert data["listen"] == {"host": "127.0.0.1", "port": 7470}
+
+
+def test_log_level_is_validated() -> None:
+    assert run("--log-level", "debug", "config", "--help").returncode == 0
+    assert run("--log-level", "loud", "config", "--help").returncode == 2
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).parent / "netopt"
+    assert exe.exists()
+    result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
