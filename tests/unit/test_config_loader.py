@@ -72,32 +72,34 @@ def _error(text: str, kind: str | None = None) -> ConfigError:
 
 LAB = "regions:\n  hk:\n    nodes: [hk-1, hk-2]\n  us:\n    nodes: [us-1]\n"
 
+LINK = "links:\n  - between: [hk, us]\n"
+
 BAD_FILES = [
     # (yaml, kind, key path, words in the expectation, line)
     (LAB + "links:\n  - between: [hk, eu]\n", None, "links[0].between[1]", "one of hk, us", 7),
     (
-        LAB + "links:\n  - between: [hk, us]\n    rate_mbps: -5\n",
+        LAB + LINK + "    rate_mbps: -5\n",
         None,
         "links[0].rate_mbps",
         "> 0",
         8,
     ),
     (
-        LAB + "links:\n  - between: [hk, us]\n    loss_ratio: 1.0\n",
+        LAB + LINK + "    loss_ratio: 1.0\n",
         None,
         "links[0].loss_ratio",
         "< 1",
         8,
     ),
     (
-        LAB + "links:\n  - between: [hk, us]\n    delay_ms: 5000\n",
+        LAB + LINK + "    delay_ms: 5000\n",
         None,
         "links[0].delay_ms",
         "<= 2000",
         8,
     ),
     (
-        LAB + "links:\n  - between: [hk, us]\n    rate_mbps: fast\n",
+        LAB + LINK + "    rate_mbps: fast\n",
         None,
         "links[0].rate_mbps",
         "a number",
