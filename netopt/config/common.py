@@ -16,8 +16,8 @@ __all__ = [
     "check_name",
 ]
 
-NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
-"""Node and region names: lowercase DNS labels of at most 32 characters."""
+NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?$")
+"""Node and region names: lowercase host names (letters, digits, '-', '.'), at most 63."""
 
 DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """Dataset names: no slashes, no leading dot, so never a path."""
@@ -29,7 +29,7 @@ def check_name(key: str, value: str, what: str = "name") -> None:
         raise Invalid(
             key,
             f"{what} {value!r} is not allowed",
-            "lowercase letters, digits and '-', at most 32 characters",
+            "lowercase letters, digits, '-' and '.', at most 63 characters",
         )
 
 
