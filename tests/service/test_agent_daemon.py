@@ -133,7 +133,9 @@ def _planned_pairs(url: str) -> set[tuple[str, str]]:
 
 def _measured_pairs(url: str) -> set[tuple[str, str]]:
     links = _get(url + "/api/v1/links")["links"]
-    return {(x["src"], x["dst"]) for x in links if x["latest"].get("rtt_p50_ms") is not None}
+    return {
+        (x["src"], x["dst"]) for x in links if (x["latest"] or {}).get("rtt_p50_ms") is not None
+    }
 
 
 def test_agents_fill_the_matrix_and_survive_a_coordinator_outage(cluster: Cluster) -> None:

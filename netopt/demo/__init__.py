@@ -1,0 +1,1 @@
+"""``netopt demo``: the whole system on an emulated two-region cluster."""

@@ -1,0 +1,152 @@
+"""A netopt deployment on a lab: a coordinator on one node, an agent on every node.
+
+Used by ``netopt demo`` and by lab tests. Every process runs inside its node's
+network namespace (started with ``lab.popen``, so the lab reaps it at teardown);
+configuration files and logs live in a work directory of the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from netopt.errors import LabError
+from netopt.lab import Lab
+
+__all__ = ["LabCluster", "MatrixNotFull"]
+
+COORDINATOR_PORT = 7460
+AGENT_PORT = 7470
+PROBE_PORT = 7471
+
+
+class MatrixNotFull(LabError):
+    """The link matrix did not hold every planned pair in time."""
+
+
+@dataclass
+class LabCluster:
+    """Coordinator + agents on ``lab``. Call :meth:`start`; the lab stops them."""
+
+    lab: Lab
+    workdir: Path
+    coordinator_node: str | None = None
+    probe_rate_pps: float = 50.0
+    probe_window_s: float = 2.0
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.token_file = self.workdir / "token"
+        self.token_file.write_text(self.token)
+        self.token_file.chmod(0o600)
+        if self.coordinator_node is None:
+            self.coordinator_node = self.lab.nodes[0]
+
+    @property
+    def coordinator_url(self) -> str:
+        assert self.coordinator_node is not None
+        return f"http://{self.lab.address(self.coordinator_node)}:{COORDINATOR_PORT}"
+
+    def _netopt(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "netopt", *args]
+
+    def start(self) -> None:
+        """Start the coordinator, wait for it, then start every agent."""
+        assert self.coordinator_node is not None
+        config = self.workdir / "coordinator.yaml"
+        host = self.lab.address(self.coordinator_node)
+        config.write_text(
+            "kind: coordinator\n"
+            f"listen: {{host: {host}, port: {COORDINATOR_PORT}}}\n"
+            f"token_file: {self.token_file}\n"
+            f"database: {self.workdir / 'coordinator.db'}\n"
+            "stale_after_s: 10\n"
+        )
+        self._spawn(self.coordinator_node, "coordinator", ["coordinator", "--config", str(config)])
+        self._wait_for_coordinator()
+        for node in self.lab.nodes:
+            self._spawn(node, f"agent-{node}", ["--log-level", "info", "agent", "--config",
+                                                str(self._agent_config(node))])  # fmt: skip
+
+    def _agent_config(self, node: str) -> Path:
+        path = self.workdir / f"agent-{node}.yaml"
+        path.write_text(
+            "kind: agent\n"
+            f"node: {node}\nregion: {self.lab.region_of(node)}\n"
+            f"coordinator_url: {self.coordinator_url}\n"
+            f"token_file: {self.token_file}\n"
+            f"listen: {{host: {self.lab.address(node)}, port: {AGENT_PORT}}}\n"
+            "heartbeat_interval_s: 1\nreport_interval_s: 1\n"
+            f"probe: {{port: {PROBE_PORT}, rate_pps: {self.probe_rate_pps}, "
+            f"window_s: {self.probe_window_s}}}\n"
+            f"spool: {{dir: {self.workdir / ('spool-' + node)}}}\n"
+            f"cache: {{dir: {self.workdir / ('cache-' + node)}}}\n"
+        )
+        return path
+
+    def _spawn(self, node: str, name: str, args: list[str]) -> None:
+        with (self.workdir / f"{name}.log").open("ab") as log:
+            self.lab.popen(node, self._netopt(*args), stdout=log, stderr=log)
+
+    def _wait_for_coordinator(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            result = self.api("/healthz", check=False)
+            if result is not None:
+                return
+            time.sleep(0.5)
+        raise LabError(
+            f"the coordinator did not start within {timeout_s:g} s; "
+            f"see {self.workdir / 'coordinator.log'}"
+        )
+
+    def api(self, path: str, *, check: bool = True) -> Any:
+        """GET a coordinator API path from inside the coordinator's node; parsed JSON.
+
+        Returns None (``check=False``) or raises LabError when it fails.
+        """
+        assert self.coordinator_node is not None
+        script = (
+            "import sys, urllib.request\n"
+            "req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + "
+            "open(sys.argv[2]).read().strip()})\n"
+            "print(urllib.request.urlopen(req, timeout=5).read().decode())\n"
+        )
+        argv = [sys.executable, "-c", script, self.coordinator_url + path, str(self.token_file)]
+        proc = self.lab.exec(self.coordinator_node, argv, check=check, timeout_s=30)
+        if proc.returncode != 0:
+            return None
+        return json.loads(proc.stdout)
+
+    def planned_pairs(self) -> set[tuple[str, str]]:
+        """(src, dst) of every probe in the coordinator's plan."""
+        plan = self.api("/api/v1/plan")
+        return {(p["src"], p["dst"]) for p in plan["probes"]}
+
+    def links(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The coordinator's link matrix, keyed by (src, dst)."""
+        return {(x["src"], x["dst"]): x for x in self.api("/api/v1/links")["links"]}
+
+    def wait_for_full_matrix(self, timeout_s: float = 60.0) -> dict[tuple[str, str], Any]:
+        """Wait until every node registered and every planned pair has RTT figures."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            nodes = self.api("/api/v1/nodes")["nodes"]
+            if len(nodes) == len(self.lab.nodes):
+                planned = self.planned_pairs()
+                links = self.links()
+                measured = {
+                    k for k, v in links.items() if (v["latest"] or {}).get("rtt_p50_ms") is not None
+                }
+                if planned and planned <= measured:
+                    return {pair: links[pair] for pair in planned}
+            time.sleep(1.0)
+        raise MatrixNotFull(
+            f"the link matrix was not full after {timeout_s:g} s; logs in {self.workdir}"
+        )

@@ -1,0 +1,44 @@
+"""Four agents and a coordinator on the two-region lab fill the link matrix with
+figures that match the lab's configured links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from netopt.demo.cluster import LabCluster
+from netopt.measure.stats import wilson_interval
+from tests.lab.conftest import CONFIGS, MakeLab
+
+Z_999 = 3.29  # a 99.9% interval: a correct measurement fails this test once in 1,000 runs
+
+
+@pytest.mark.lab
+def test_matrix_fills_with_the_lab_figures(make_lab: MakeLab, tmp_path: Path) -> None:
+    lab = make_lab(CONFIGS / "lab" / "two-region.yaml")
+    cluster = LabCluster(lab, tmp_path / "cluster", probe_rate_pps=50, probe_window_s=2)
+    cluster.start()
+    matrix = cluster.wait_for_full_matrix(timeout_s=30)
+
+    planned = cluster.planned_pairs()
+    assert set(matrix) == planned
+    regions = {node: lab.region_of(node) for node in lab.nodes}
+    # Full mesh inside each region, and every region pair represented.
+    for region in ("hk", "us"):
+        members = [n for n in lab.nodes if regions[n] == region]
+        assert any({a, b} == set(members) for a, b in planned)
+    assert any(regions[a] != regions[b] for a, b in planned)
+
+    link = lab.topology.link_between("hk", "us")
+    assert link is not None
+    round_trip_loss = 1 - (1 - link.loss_ratio) ** 2
+    for (src, dst), figures in matrix.items():
+        truth_ms = lab.ground_truth_rtt_ms(src, dst)
+        assert figures["window"]["rtt_min_ms"] >= truth_ms - 0.2
+        assert figures["latest"]["rtt_p50_ms"] <= truth_ms + 2.0
+        sent = figures["window"]["probes_sent"]
+        lost = round(figures["window"]["loss_ratio"] * sent)
+        low, high = wilson_interval(lost, sent, Z_999)
+        expected = round_trip_loss if regions[src] != regions[dst] else 0.0
+        assert low <= expected <= high, (src, dst, lost, sent)
