@@ -1,8 +1,8 @@
-"""A netopt deployment on a lab: a coordinator on one node, an agent on every node.
+"""A netopt deployment on a site: a coordinator on one node, an agent on every node.
 
-Used by ``netopt demo`` and by lab tests. Every process runs inside its node's
-network namespace (started with ``lab.popen``, so the lab reaps it at teardown);
-configuration files and logs live in a work directory of the caller's.
+Used by ``netopt demo`` and by tests. On a lab every process runs inside its
+node's network namespace (the lab reaps it at teardown); on loopback the site
+stops them. Configuration files and logs live in a work directory of the caller's.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from netopt.demo.sites import Site
 from netopt.errors import LabError
-from netopt.lab import Lab
 
-__all__ = ["LabCluster", "MatrixNotFull"]
+__all__ = ["Cluster", "MatrixNotFull"]
 
 COORDINATOR_PORT = 7460
 AGENT_PORT = 7470
@@ -30,10 +30,10 @@ class MatrixNotFull(LabError):
 
 
 @dataclass
-class LabCluster:
-    """Coordinator + agents on ``lab``. Call :meth:`start`; the lab stops them."""
+class Cluster:
+    """Coordinator + agents on ``site``. Call :meth:`start`; the site stops them."""
 
-    lab: Lab
+    site: Site
     workdir: Path
     coordinator_node: str | None = None
     probe_rate_pps: float = 50.0
@@ -46,12 +46,13 @@ class LabCluster:
         self.token_file.write_text(self.token)
         self.token_file.chmod(0o600)
         if self.coordinator_node is None:
-            self.coordinator_node = self.lab.nodes[0]
+            self.coordinator_node = self.site.nodes[0]
 
     @property
     def coordinator_url(self) -> str:
         assert self.coordinator_node is not None
-        return f"http://{self.lab.address(self.coordinator_node)}:{COORDINATOR_PORT}"
+        node = self.coordinator_node
+        return f"http://{self.site.address(node)}:{self.site.port(node, COORDINATOR_PORT)}"
 
     def _netopt(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "netopt", *args]
@@ -60,30 +61,32 @@ class LabCluster:
         """Start the coordinator, wait for it, then start every agent."""
         assert self.coordinator_node is not None
         config = self.workdir / "coordinator.yaml"
-        host = self.lab.address(self.coordinator_node)
+        host = self.site.address(self.coordinator_node)
+        port = self.site.port(self.coordinator_node, COORDINATOR_PORT)
         config.write_text(
             "kind: coordinator\n"
-            f"listen: {{host: {host}, port: {COORDINATOR_PORT}}}\n"
+            f"listen: {{host: {host}, port: {port}}}\n"
             f"token_file: {self.token_file}\n"
             f"database: {self.workdir / 'coordinator.db'}\n"
             "stale_after_s: 10\n"
         )
         self._spawn(self.coordinator_node, "coordinator", ["coordinator", "--config", str(config)])
         self._wait_for_coordinator()
-        for node in self.lab.nodes:
+        for node in self.site.nodes:
             self._spawn(node, f"agent-{node}", ["--log-level", "info", "agent", "--config",
                                                 str(self._agent_config(node))])  # fmt: skip
 
     def _agent_config(self, node: str) -> Path:
         path = self.workdir / f"agent-{node}.yaml"
+        host, port = self.site.address(node), self.site.port(node, AGENT_PORT)
         path.write_text(
             "kind: agent\n"
-            f"node: {node}\nregion: {self.lab.region_of(node)}\n"
+            f"node: {node}\nregion: {self.site.region_of(node)}\n"
             f"coordinator_url: {self.coordinator_url}\n"
             f"token_file: {self.token_file}\n"
-            f"listen: {{host: {self.lab.address(node)}, port: {AGENT_PORT}}}\n"
+            f"listen: {{host: {host}, port: {port}}}\n"
             "heartbeat_interval_s: 1\nreport_interval_s: 1\n"
-            f"probe: {{port: {PROBE_PORT}, rate_pps: {self.probe_rate_pps}, "
+            f"probe: {{port: {self.site.port(node, PROBE_PORT)}, rate_pps: {self.probe_rate_pps}, "
             f"window_s: {self.probe_window_s}}}\n"
             f"spool: {{dir: {self.workdir / ('spool-' + node)}}}\n"
             f"cache: {{dir: {self.workdir / ('cache-' + node)}}}\n"
@@ -92,7 +95,7 @@ class LabCluster:
 
     def _spawn(self, node: str, name: str, args: list[str]) -> None:
         with (self.workdir / f"{name}.log").open("ab") as log:
-            self.lab.popen(node, self._netopt(*args), stdout=log, stderr=log)
+            self.site.popen(node, self._netopt(*args), stdout=log, stderr=log)
 
     def _wait_for_coordinator(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -119,7 +122,7 @@ class LabCluster:
             "print(urllib.request.urlopen(req, timeout=5).read().decode())\n"
         )
         argv = [sys.executable, "-c", script, self.coordinator_url + path, str(self.token_file)]
-        proc = self.lab.exec(self.coordinator_node, argv, check=check, timeout_s=30)
+        proc = self.site.exec(self.coordinator_node, argv, check=check, timeout_s=30)
         if proc.returncode != 0:
             return None
         return json.loads(proc.stdout)
@@ -138,7 +141,7 @@ class LabCluster:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             nodes = self.api("/api/v1/nodes")["nodes"]
-            if len(nodes) == len(self.lab.nodes):
+            if len(nodes) == len(self.site.nodes):
                 planned = self.planned_pairs()
                 links = self.links()
                 measured = {

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from netopt.demo.cluster import LabCluster
+from netopt.demo.cluster import Cluster
+from netopt.demo.sites import LabSite
 from netopt.measure.stats import wilson_interval
 from tests.lab.conftest import CONFIGS, MakeLab
 
@@ -17,7 +18,7 @@ Z_999 = 3.29  # a 99.9% interval: a correct measurement fails this test once in 
 @pytest.mark.lab
 def test_matrix_fills_with_the_lab_figures(make_lab: MakeLab, tmp_path: Path) -> None:
     lab = make_lab(CONFIGS / "lab" / "two-region.yaml")
-    cluster = LabCluster(lab, tmp_path / "cluster", probe_rate_pps=50, probe_window_s=2)
+    cluster = Cluster(LabSite(lab), tmp_path / "cluster", probe_rate_pps=50, probe_window_s=2)
     cluster.start()
     matrix = cluster.wait_for_full_matrix(timeout_s=30)
 

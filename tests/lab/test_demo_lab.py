@@ -1,0 +1,50 @@
+"""`netopt demo` end to end on the lab, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netopt.config import load_settings
+
+
+@pytest.mark.lab
+def test_demo_measures_tunes_and_crosses_the_border_once(tmp_path: Path) -> None:
+    report_dir = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "netopt", "demo", "--report-dir", str(report_dir),
+         "--dataset-mb", "8", "--json"],
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["mode"] == "lab"
+    assert json.loads((report_dir / "report.json").read_text()) == report
+
+    cross = [m for m in report["matrix"] if m["src"][:2] != m["dst"][:2]]
+    assert cross
+    for m in cross:  # 40 ms each way
+        assert 80.0 <= m["rtt_p50_ms"] <= 82.0
+    # The links file the demo wrote is a valid links file, and the env file exists.
+    load_settings(report_dir / "links.yaml", "links", env={})
+    env = (report_dir / "nccl.env").read_text()
+    assert "NCCL_SOCKET_IFNAME==eth0" in env or "NCCL_SOCKET_IFNAME=" in env
+    assert "NCCL_IB_DISABLE=1" in env
+
+    border = report["border_bytes"]
+    first = next(s for s in report["syncs"] if s["kind"] == "origin")
+    peer = next(s for s in report["syncs"] if s["kind"] == "peer")
+    naive = next(s for s in report["syncs"] if s["kind"] == "naive")
+    # The dataset is compressible: fewer bytes cross the border than it holds.
+    assert first["border_bytes"] < border["dataset_bytes"]
+    # The in-region copy sends nothing across the border (only stray probe bytes).
+    assert peer["border_bytes"] < 0.02 * first["border_bytes"]
+    # The naive second download crosses again.
+    assert naive["border_bytes"] > 0.9 * first["border_bytes"]
+    assert border["netopt_bytes"] < 0.6 * border["naive_per_node_bytes"]
+    for sync in report["syncs"]:
+        assert sync["logical_bytes"] == border["dataset_bytes"]
