@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
-APT_PACKAGES=(iperf3 iproute2 nftables ethtool iputils-ping procps psmisc curl rsync aria2 kmod)
+APT_PACKAGES=(iperf3 iproute2 nftables ethtool iputils-ping procps psmisc curl rsync aria2 kmod chromium)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -14,6 +14,7 @@ from netopt.config import (
     DatasetsSettings,
     Kind,
     LabTopology,
+    LinksSettings,
     Settings,
     detect_kind,
     load_settings,
@@ -79,6 +80,12 @@ def describe_settings(settings: Settings) -> str:
         return (
             f"{len(settings.regions)} regions, {len(settings.nodes)} nodes, "
             f"{len(settings.links)} inter-region links"
+        )
+    if isinstance(settings, LinksSettings):
+        regions = {spec.region for spec in settings.nodes.values()}
+        return (
+            f"{len(settings.nodes)} nodes in {len(regions)} regions, "
+            f"{len(settings.links)} measured links"
         )
     if isinstance(settings, DatasetsSettings):
         return f"{len(settings.datasets)} datasets"

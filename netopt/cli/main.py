@@ -14,7 +14,17 @@ from typing import Any
 import click
 
 from netopt import __version__
-from netopt.cli import config_cmd
+from netopt.cli import (
+    agent_cmd,
+    bench_cmd,
+    config_cmd,
+    coordinator_cmd,
+    demo_cmd,
+    lab_cmd,
+    nccl_cmd,
+    probe_cmd,
+    transfer_cmd,
+)
 from netopt.cli.output import err_console, print_json
 from netopt.errors import EXIT_FAILURE, EXIT_USAGE, NetoptError
 
@@ -42,7 +52,17 @@ def cli(log_level: str) -> None:
     )
 
 
+cli.add_command(agent_cmd.agent_command)
 cli.add_command(config_cmd.config_group)
+cli.add_command(demo_cmd.demo)
+cli.add_command(coordinator_cmd.coordinator_command)
+cli.add_command(coordinator_cmd.status_command)
+cli.add_command(lab_cmd.lab_group)
+for _command in (transfer_cmd.serve_command, transfer_cmd.sync_command, transfer_cmd.plan_command):
+    cli.add_command(_command)
+cli.add_command(probe_cmd.probe_group)
+cli.add_command(nccl_cmd.nccl_env)
+cli.add_command(bench_cmd.bench_group)
 
 
 def main(argv: list[str] | None = None) -> int:

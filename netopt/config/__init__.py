@@ -10,6 +10,7 @@ agent      AgentSettings         configs/agent.yaml
 coordinator CoordinatorSettings  configs/coordinator.yaml
 datasets   DatasetsSettings      configs/datasets.yaml
 lab        LabTopology           configs/lab/two-region.yaml
+links      LinksSettings         configs/links-example.yaml
 ========== ===================== ===========================
 
 Environment overrides: ``NETOPT_<KIND>__<KEY>[__<SUBKEY>...]=VALUE`` sets a key
@@ -31,6 +32,7 @@ import yaml
 from netopt.config.common import ListenAddress
 from netopt.config.datasets import DatasetSpec, DatasetsSettings
 from netopt.config.lab import LabTopology, LinkShape, LinkSpec, RegionSpec
+from netopt.config.links import LinkPairSpec, LinksSettings, NicSpec, NodeLinksSpec
 from netopt.config.loader import SourceMap, convert, parse_yaml
 from netopt.config.services import (
     AgentSettings,
@@ -51,9 +53,13 @@ __all__ = [
     "DatasetsSettings",
     "Kind",
     "LabTopology",
+    "LinkPairSpec",
     "LinkShape",
     "LinkSpec",
+    "LinksSettings",
     "ListenAddress",
+    "NicSpec",
+    "NodeLinksSpec",
     "ProbePlanSettings",
     "ProbeSettings",
     "RegionSpec",
@@ -66,13 +72,14 @@ __all__ = [
     "settings_to_dict",
 ]
 
-Kind = Literal["agent", "coordinator", "datasets", "lab"]
-Settings = AgentSettings | CoordinatorSettings | DatasetsSettings | LabTopology
+Kind = Literal["agent", "coordinator", "datasets", "lab", "links"]
+Settings = AgentSettings | CoordinatorSettings | DatasetsSettings | LabTopology | LinksSettings
 KINDS: dict[str, type[Any]] = {
     "agent": AgentSettings,
     "coordinator": CoordinatorSettings,
     "datasets": DatasetsSettings,
     "lab": LabTopology,
+    "links": LinksSettings,
 }
 _OVERRIDABLE = ("agent", "coordinator")
 _TOKEN_ENV = "NETOPT_TOKEN"  # noqa: S105 - the variable's name, not a secret
@@ -92,6 +99,8 @@ def detect_kind(data: Any, file: str) -> Kind:
             return cast(Kind, declared)
         if "regions" in data:
             return "lab"
+        if "nodes" in data and "links" in data:
+            return "links"
         if "datasets" in data:
             return "datasets"
         if "node" in data:
@@ -101,7 +110,7 @@ def detect_kind(data: Any, file: str) -> Kind:
     raise ConfigError(
         "cannot tell what kind of netopt file this is",
         file=file,
-        expected="a 'kind:' key or --kind agent|coordinator|datasets|lab",
+        expected="a 'kind:' key or --kind agent|coordinator|datasets|lab|links",
     )
 
 
@@ -123,6 +132,10 @@ def load_settings(
 def load_settings(
     path: str | os.PathLike[str], kind: Literal["lab"], env: Mapping[str, str] | None = None
 ) -> LabTopology: ...
+@overload
+def load_settings(
+    path: str | os.PathLike[str], kind: Literal["links"], env: Mapping[str, str] | None = None
+) -> LinksSettings: ...
 @overload
 def load_settings(
     path: str | os.PathLike[str], kind: None = None, env: Mapping[str, str] | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from netopt.config.common import check_name
 from netopt.config.loader import Invalid, bounded
@@ -91,6 +92,9 @@ class LabTopology:
     subnet: str = "198.18.0.0/16"
     seed: int = 1
     name: str = "lab"
+    emulator: Literal["auto", "relay", "netem"] = "auto"
+    """How links get delay and loss: ``netem`` (kernel), ``relay`` (netopt's TUN
+    relay) or ``auto`` (netem where the kernel has it, the relay otherwise)."""
 
     def __post_init__(self) -> None:
         check_name("name", self.name, "lab name")

@@ -29,11 +29,11 @@ from netopt.config import LabTopology, parse_settings
 from netopt.coordinator.schema import Nic
 from netopt.demo.cluster import PROBE_PORT, Cluster
 from netopt.demo.dataset import write_jsonl_dataset
-from netopt.demo.links import PairFigures, links_document
 from netopt.demo.sites import LabSite, LoopbackSite, Site
 from netopt.errors import NetworkError
 from netopt.lab import Lab
 from netopt.lab.netns import has_net_admin
+from netopt.nccl.linksdoc import PairFigures, links_document
 
 __all__ = ["DEFAULT_TOPOLOGY", "DemoOptions", "run_demo"]
 

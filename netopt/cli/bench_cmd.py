@@ -1,0 +1,161 @@
+"""``netopt bench allreduce``: torch.distributed all-reduce bus bandwidth, nccl-tests style.
+
+Without ``--lab`` the ranks run on loopback; with ``--lab TOPOLOGY`` a lab is
+built for the run (root needed) and each node runs one Gloo rank. The cost
+model's prediction is printed beside each size when link figures are known:
+from the lab (configured shapes plus one measured single TCP stream per region
+pair), or from ``--links FILE`` for loopback runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+from rich.table import Table
+
+from netopt.cli.nccl_cmd import select_nodes
+from netopt.cli.output import console, print_json
+from netopt.config import LabTopology, load_settings
+from netopt.config.loader import parse_byte_size
+from netopt.errors import UsageError
+from netopt.nccl.costmodel import fabric_from_links
+from netopt.torch.bench import BenchReport, run_loopback, run_on_lab, size_ladder, with_predictions
+from netopt.torch.labfigures import LabHandle, lab_link_figures, lab_nodes, measure_single_stream
+
+__all__ = ["allreduce_command", "bench_group", "run_lab_bench"]
+
+
+@click.group("bench")
+def bench_group() -> None:
+    """Benchmarks that check netopt's models against real transfers."""
+
+
+def _bytes(text: str, option: str) -> int:
+    try:
+        return parse_byte_size(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not a size such as 1KiB or 256MiB") from None
+
+
+def cross_region_flows(
+    lab: LabHandle, topology: LabTopology, names: tuple[str, ...]
+) -> dict[frozenset[str], tuple[float, str]]:
+    """One measured single TCP stream (Mbit/s, congestion control) per region pair."""
+    out: dict[frozenset[str], tuple[float, str]] = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            pair = frozenset((topology.region_of(a), topology.region_of(b)))
+            if len(pair) == 2 and pair not in out:
+                out[pair] = measure_single_stream(lab, b, a)
+    return out
+
+
+def run_lab_bench(
+    topology: LabTopology,
+    names: tuple[str, ...],
+    sizes: tuple[int, ...],
+    *,
+    iters: int,
+    warmup: int,
+    timeout_s: float,
+) -> BenchReport:
+    """Build the lab, run one Gloo rank per node, measure the cross-region flows,
+    tear the lab down; the report carries the ring model's prediction per size."""
+    from netopt.lab import Lab
+
+    unknown = [n for n in names if n not in topology.nodes]
+    if unknown:
+        raise UsageError(
+            f"unknown lab node {', '.join(unknown)} (the lab has {', '.join(topology.nodes)})"
+        )
+    with Lab.start(topology) as lab:
+        report = run_on_lab(
+            lab,
+            names,
+            sizes,
+            ifnames=[lab.plan.node(n).ifname for n in names],
+            iters=iters,
+            warmup=warmup,
+            timeout_s=timeout_s,
+        )
+        flows = cross_region_flows(lab, topology, names)
+        links = lab_link_figures(lab, topology, names, flows)
+    fabric = fabric_from_links(lab_nodes(topology, names), links, flows=1)
+    return with_predictions(report, fabric)
+
+
+def _print(report: BenchReport) -> None:
+    table = Table(title=f"all-reduce, {report.backend}, {report.ranks} ranks")
+    for name in ("size", "time ms", "algbw GB/s", "busbw GB/s", "predicted ms", "pred/meas"):
+        table.add_column(name, justify="right")
+    for row in report.rows:
+        predicted = "-" if row.predicted_s is None else f"{row.predicted_s * 1000:,.1f}"
+        ratio = "-" if row.predicted_s is None else f"{row.predicted_s / row.time_s:.2f}"
+        table.add_row(
+            f"{row.size_bytes:,}",
+            f"{row.time_s * 1000:,.2f}",
+            f"{row.algbw_gbps:.4f}",
+            f"{row.busbw_gbps:.4f}",
+            predicted,
+            ratio,
+        )
+    console.print(table)
+
+
+@bench_group.command("allreduce")
+@click.option("--ranks", type=int, default=None, help="Loopback ranks (default 2).")
+@click.option("--lab", "lab_file", type=click.Path(dir_okay=False), help="Lab topology to build.")
+@click.option("--nodes", default=None, help="Comma-separated nodes (lab or --links), rank order.")
+@click.option("--links", "links_file", type=click.Path(dir_okay=False), help="Links file for "
+              "the prediction on loopback runs.")  # fmt: skip
+@click.option("--min-size", default="1KiB", show_default=True)
+@click.option("--max-size", default="256MiB", show_default=True)
+@click.option("--factor", type=int, default=4, show_default=True, help="Size step factor.")
+@click.option("--iters", type=int, default=5, show_default=True)
+@click.option("--warmup", type=int, default=1, show_default=True)
+@click.option("--timeout-s", type=float, default=600.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def allreduce_command(
+    ranks: int | None,
+    lab_file: str | None,
+    nodes: str | None,
+    links_file: str | None,
+    min_size: str,
+    max_size: str,
+    factor: int,
+    iters: int,
+    warmup: int,
+    timeout_s: float,
+    as_json: bool,
+) -> int:
+    """Time all_reduce per message size; print algbw, busbw and the model's prediction."""
+    sizes = size_ladder(_bytes(min_size, "--min-size"), _bytes(max_size, "--max-size"), factor)
+    names = tuple(n.strip() for n in (nodes or "").split(",") if n.strip())
+    if iters < 1 or warmup < 0:
+        raise UsageError("--iters must be >= 1 and --warmup >= 0")
+    if lab_file and (ranks is not None or links_file):
+        raise UsageError("--lab runs one rank per lab node: drop --ranks and --links")
+    if lab_file:
+        topology = load_settings(lab_file, "lab")
+        report = run_lab_bench(
+            topology, names or topology.nodes, sizes, iters=iters, warmup=warmup,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+    else:
+        if links_file and not names:
+            raise UsageError("--links needs --nodes (which links-file node each rank stands for)")
+        if names and ranks is not None and ranks != len(names):
+            raise UsageError(f"--ranks {ranks} contradicts --nodes ({len(names)} names)")
+        count = len(names) if names else (ranks or 2)
+        report = run_loopback(count, sizes, iters=iters, warmup=warmup, timeout_s=timeout_s)
+        if links_file:
+            settings = load_settings(links_file, "links")
+            chosen = select_nodes(settings, names)
+            fabric = fabric_from_links(chosen, settings.link_figures(), flows=1)
+            report = with_predictions(report, fabric)
+    if as_json:
+        print_json(asdict(report))
+    else:
+        _print(report)
+    return 0

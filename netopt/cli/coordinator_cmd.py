@@ -1,0 +1,115 @@
+"""``netopt coordinator`` (run the service) and ``netopt status`` (nodes and links)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from netopt.cli.output import console, print_json, print_table
+from netopt.config import load_settings
+from netopt.config.services import DEFAULT_COORDINATOR_PORT
+from netopt.coordinator.client import CoordinatorClient
+from netopt.errors import ConfigError
+
+__all__ = ["coordinator_command", "fetch_status", "status_command"]
+
+TOKEN_ENV = "NETOPT_TOKEN"  # noqa: S105 - the variable's name, not a secret
+
+
+@click.command("coordinator")
+@click.option(
+    "--config",
+    "config_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Coordinator YAML file (see configs/coordinator.yaml).",
+)
+def coordinator_command(config_file: str) -> int:
+    """Run the coordinator until SIGTERM or SIGINT (then shut down cleanly)."""
+    from netopt.coordinator.server import run_coordinator
+
+    settings = load_settings(config_file, "coordinator")
+    return run_coordinator(settings)
+
+
+def _token(token_file: str | None) -> str:
+    env = os.environ.get(TOKEN_ENV)
+    if env:
+        return env
+    if token_file is None:
+        raise ConfigError(
+            "no token given", key_path="token", expected=f"{TOKEN_ENV} or --token-file FILE"
+        )
+    try:
+        return Path(token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {token_file}: {exc.strerror}", key_path="token-file"
+        ) from None
+
+
+async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
+    """Nodes and the link matrix from the coordinator at ``url`` (netopt errors on failure)."""
+    async with CoordinatorClient(url, token) as client:
+        nodes = await client.get("/api/v1/nodes")
+        links = await client.get("/api/v1/links", window_s=window_s)
+    return {"nodes": nodes["nodes"], "links": links["links"], "window_s": window_s}
+
+
+@click.command("status")
+@click.option(
+    "--coordinator",
+    "url",
+    default=f"http://127.0.0.1:{DEFAULT_COORDINATOR_PORT}",
+    show_default=True,
+    envvar="NETOPT_COORDINATOR",
+    help="Coordinator URL (also NETOPT_COORDINATOR).",
+)
+@click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the token.")
+@click.option("--window-s", type=click.FloatRange(1), default=300.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def status_command(url: str, token_file: str | None, window_s: float, as_json: bool) -> int:
+    """Show nodes (with liveness) and links (RTT, loss, bandwidth). Token: NETOPT_TOKEN."""
+    result = asyncio.run(fetch_status(url, _token(token_file), window_s))
+    if as_json:
+        print_json(result)
+        return 0
+    print_table(
+        f"nodes ({len(result['nodes'])})",
+        ["node", "region", "state", "age s", "host", "cpus", "version"],
+        [
+            [n["node"], n["region"], n["state"], round(n["age_s"], 1), n["host"],
+             n["cpu_count"], n["netopt_version"]]
+            for n in result["nodes"]
+        ],
+    )  # fmt: skip
+    if not result["links"]:
+        console.print(f"no link summaries in the last {window_s:g} s")
+        return 0
+    print_table(
+        f"links (last {window_s:g} s)",
+        ["src", "dst", "rtt p50 ms", "rtt p99 ms", "loss %", "single Mbit/s", "aggr Mbit/s", "n"],
+        [_link_row(link) for link in result["links"]],
+    )
+    return 0
+
+
+def _link_row(link: dict[str, Any]) -> list[Any]:
+    window = link["window"]
+    rtt = window["rtt_p50_ms"] or {}
+    bw = link["bandwidth"]
+    loss = window["loss_ratio"]
+    return [
+        link["src"],
+        link["dst"],
+        rtt.get("p50"),
+        rtt.get("p99"),
+        None if loss is None else round(100 * loss, 3),
+        None if bw["single_stream_bps"] is None else bw["single_stream_bps"] / 1e6,
+        None if bw["aggregate_bps"] is None else bw["aggregate_bps"] / 1e6,
+        link["summary_count"],
+    ]

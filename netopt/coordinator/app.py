@@ -1,0 +1,334 @@
+"""The coordinator's aiohttp application: routes, middlewares, background loops.
+
+``create_app(settings, deps) -> web.Application``. Handlers parse and validate,
+call :class:`~netopt.coordinator.service.Coordinator`, and serialise. Every
+error is a JSON body ``{"error": NAME, "message": TEXT[, "field": PATH]}``:
+400 invalid request, 401 missing/wrong token, 404 unknown node or route,
+405 wrong method, 413 body over ``max_request_bytes``, 503 storage failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from netopt.config import CoordinatorSettings, resolve_token
+from netopt.coordinator import dashboard
+from netopt.coordinator.auth import token_middleware
+from netopt.coordinator.database import Database
+from netopt.coordinator.fields import RequestInvalid, parse_json_body
+from netopt.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
+from netopt.coordinator.openapi import openapi_document
+from netopt.coordinator.schema import (
+    Heartbeat,
+    Registration,
+    SummaryBatch,
+    check_node_name,
+)
+from netopt.coordinator.service import Coordinator, NotFoundError
+from netopt.errors import AuthenticationError, NetoptError, StorageError, ValidationError
+
+__all__ = ["COORDINATOR", "METRICS", "CoordinatorDeps", "create_app"]
+
+log = logging.getLogger(__name__)
+
+COORDINATOR = web.AppKey("coordinator", Coordinator)
+METRICS = web.AppKey("metrics", CoordinatorMetrics)
+DEFAULT_WINDOW_S = 300.0
+MAX_HISTORY = 5000
+HEARTBEAT_FLUSH_S = 2.0
+
+
+@dataclass(frozen=True)
+class CoordinatorDeps:
+    """What the app takes from outside: the clock (unix seconds) and background loop periods."""
+
+    clock: Callable[[], float] = field(default=time.time)
+    sweep_interval_s: float = 300.0
+    heartbeat_flush_s: float = HEARTBEAT_FLUSH_S
+    checkpoint_s: float = 2.0
+    durable_commits: bool = False  # fsync every commit (see netopt.coordinator.store)
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, allow_nan=False))
+
+
+def _error(status: int, name: str, message: str, **extra: object) -> web.Response:
+    return _json({"error": name, "message": message, **extra}, status=status)
+
+
+def _status_of(exc: NetoptError) -> int:
+    if isinstance(exc, AuthenticationError):
+        return 401
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ValidationError):
+        return 400
+    if isinstance(exc, StorageError):
+        return 503
+    return 500
+
+
+def _route_name(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def _error_middleware(metrics: CoordinatorMetrics, max_bytes: int) -> Callable[..., object]:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            response = await _guarded(request, handler, max_bytes)
+        finally:
+            route = _route_name(request)
+            metrics.latency.labels(route).observe(time.perf_counter() - started)
+        metrics.requests.labels(_route_name(request), request.method, str(response.status)).inc()
+        return response
+
+    return middleware
+
+
+async def _guarded(request: web.Request, handler: Handler, max_bytes: int) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except NetoptError as exc:
+        status = _status_of(exc)
+        if status == 500:
+            log.exception("request %s %s failed", request.method, request.path)
+        response = _json(exc.to_dict(), status=status)
+        if status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="netopt"'
+        return response
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, "RequestTooLarge", f"body exceeds max_request_bytes ({max_bytes})")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, type(exc).__name__.removeprefix("HTTP"), exc.reason)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("request %s %s failed", request.method, request.path)
+        return _error(500, "InternalError", "the coordinator failed to handle this request")
+
+
+async def _body(request: web.Request) -> object:
+    max_bytes = request.app[COORDINATOR].settings.max_request_bytes
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=length)
+    return parse_json_body(await request.read())
+
+
+def _node(request: web.Request, key: str = "node") -> str:
+    return check_node_name(request.match_info[key], key)
+
+
+def _query_number(request: web.Request, key: str, default: float, low: float, high: float) -> float:
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise RequestInvalid(key, "expected a number") from None
+    if not low <= value <= high:
+        raise RequestInvalid(key, f"must be within {low:g}..{high:g}")
+    return value
+
+
+def _window_s(request: web.Request) -> float:
+    retention_s = request.app[COORDINATOR].settings.retention_s
+    return _query_number(request, "window_s", min(DEFAULT_WINDOW_S, retention_s), 1, retention_s)
+
+
+async def register(request: web.Request) -> web.Response:
+    reg = Registration.from_dict(await _body(request))
+    return _json(await request.app[COORDINATOR].register(reg, request.remote or "127.0.0.1"))
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    node = _node(request)
+    data = await _body(request) if request.can_read_body else None
+    return _json(await request.app[COORDINATOR].heartbeat(node, Heartbeat.from_dict(data)))
+
+
+async def leave(request: web.Request) -> web.Response:
+    return _json(await request.app[COORDINATOR].leave(_node(request)))
+
+
+async def agent_plan(request: web.Request) -> web.Response:
+    return _json(request.app[COORDINATOR].node_plan(_node(request)))
+
+
+async def summaries(request: web.Request) -> web.Response:
+    node = _node(request)
+    batch = SummaryBatch.from_dict(await _body(request))
+    result = await request.app[COORDINATOR].ingest(node, batch)
+    metrics = request.app[METRICS]
+    metrics.batches.labels("duplicate" if result.duplicate else "stored").inc()
+    metrics.summaries.labels("stored").inc(result.accepted)
+    metrics.summaries.labels("expired").inc(result.expired)
+    return _json(
+        {
+            "batch_id": result.batch_id,
+            "duplicate": result.duplicate,
+            "accepted": result.accepted,
+            "expired": result.expired,
+        }
+    )
+
+
+async def nodes(request: web.Request) -> web.Response:
+    coordinator = request.app[COORDINATOR]
+    return _json(
+        {
+            "now_s": coordinator.clock(),
+            "stale_after_s": coordinator.settings.stale_after_s,
+            "nodes": coordinator.node_views(),
+        }
+    )
+
+
+async def links(request: web.Request) -> web.Response:
+    return _json(await request.app[COORDINATOR].links(_window_s(request)))
+
+
+async def regions(request: web.Request) -> web.Response:
+    return _json(await request.app[COORDINATOR].region_matrix(_window_s(request)))
+
+
+async def history(request: web.Request) -> web.Response:
+    src, dst = _node(request, "src"), _node(request, "dst")
+    limit = int(_query_number(request, "limit", 500, 1, MAX_HISTORY))
+    result = await request.app[COORDINATOR].history(src, dst, _window_s(request), limit)
+    return _json(result)
+
+
+async def fleet_plan(request: web.Request) -> web.Response:
+    plan = request.app[COORDINATOR].plan()
+    return _json(
+        {
+            "plan_version": plan.version,
+            "bandwidth_cycle_s": plan.cycle_s,
+            "bandwidth_slot_s": plan.slot_s,
+            "probes": [{"src": p.src, "dst": p.dst, "kind": p.kind} for p in plan.probes],
+            "bandwidth_tests": [
+                {"src": t.src, "dst": t.dst, "slot": t.slot, "offset_s": t.offset_s}
+                for t in plan.bandwidth
+            ],
+        }
+    )
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return _json(openapi_document())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"ok": True})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ROUTES: tuple[tuple[str, str, RouteHandler], ...] = (
+    ("POST", "/api/v1/agents/register", register),
+    ("POST", "/api/v1/agents/{node}/heartbeat", heartbeat),
+    ("DELETE", "/api/v1/agents/{node}", leave),
+    ("GET", "/api/v1/agents/{node}/plan", agent_plan),
+    ("POST", "/api/v1/agents/{node}/summaries", summaries),
+    ("GET", "/api/v1/nodes", nodes),
+    ("GET", "/api/v1/links", links),
+    ("GET", "/api/v1/links/{src}/{dst}/history", history),
+    ("GET", "/api/v1/regions", regions),
+    ("GET", "/api/v1/plan", fleet_plan),
+    ("GET", "/openapi.json", openapi),
+    ("GET", "/healthz", healthz),
+    ("GET", "/metrics", metrics_endpoint),
+    ("GET", "/", dashboard.page),
+    ("GET", "/dashboard.js", dashboard.script),
+    ("GET", "/dashboard.css", dashboard.stylesheet),
+)
+
+
+async def _every(period_s: float, name: str, step: Callable[[], Awaitable[object]]) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await step()
+        except StorageError:
+            log.exception("%s failed; retrying in %.0f s", name, period_s)
+
+
+def _lifecycle(
+    db: Database, deps: CoordinatorDeps
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        coordinator = app[COORDINATOR]
+        await db.open()
+        await coordinator.load()
+        await coordinator.sweep()
+        await coordinator.refresh_plan()
+        tasks = [
+            asyncio.create_task(
+                _every(deps.sweep_interval_s, "retention sweep", coordinator.sweep)
+            ),
+            asyncio.create_task(
+                _every(deps.heartbeat_flush_s, "heartbeat flush", coordinator.flush_heartbeats)
+            ),
+            asyncio.create_task(_every(deps.checkpoint_s, "WAL checkpoint", db.checkpoint)),
+        ]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await coordinator.close()
+        with contextlib.suppress(StorageError):
+            await coordinator.flush_heartbeats()
+        await db.close()
+
+    return lifecycle
+
+
+def create_app(
+    settings: CoordinatorSettings, deps: CoordinatorDeps | None = None
+) -> web.Application:
+    """Build the coordinator app; the database opens when the app starts.
+
+    Raises ConfigError when no token is configured (the API is never open).
+    """
+    deps = deps or CoordinatorDeps()
+    token = resolve_token(settings.token, settings.token_file)
+    db = Database(settings.database, durable_commits=deps.durable_commits)
+    coordinator = Coordinator(settings, db, deps.clock)
+    metrics = CoordinatorMetrics(coordinator.state_counts)
+    app = web.Application(
+        client_max_size=settings.max_request_bytes,
+        middlewares=[
+            dashboard.security_headers,
+            _error_middleware(metrics, settings.max_request_bytes),  # type: ignore[list-item]
+            token_middleware(token),
+        ],
+    )
+    app[COORDINATOR] = coordinator
+    app[METRICS] = metrics
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
+    app.cleanup_ctx.append(_lifecycle(db, deps))
+    return app

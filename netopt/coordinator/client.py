@@ -1,0 +1,128 @@
+"""An async client of the coordinator's API, for the agent and ``netopt status``.
+
+Errors, by what the caller should do:
+
+- :class:`~netopt.errors.PeerUnreachableError`: connection refused or timed out,
+  or a 5xx answer. Retry later (the agent spools and replays).
+- :class:`~netopt.errors.AuthenticationError`: 401, the token is wrong. Fix config.
+- :class:`CoordinatorRejected` (a ValidationError): any other 4xx, with ``status``
+  and the JSON ``body``. Resending the same request will not help; a 404 on an
+  agent route means "register first".
+"""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from netopt.coordinator.schema import Heartbeat, Registration, SummaryBatch
+from netopt.errors import AuthenticationError, PeerUnreachableError, ValidationError
+
+__all__ = ["CoordinatorClient", "CoordinatorRejected"]
+
+
+class CoordinatorRejected(ValidationError):
+    """The coordinator refused a request (4xx other than 401)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"coordinator answered {status}: {body.get('message', body)}")
+
+
+class CoordinatorClient:
+    """``async with CoordinatorClient(url, token) as client: await client.register(...)``."""
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> CoordinatorClient:
+        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None
+    ) -> Any:
+        """Send one request; the decoded JSON answer, or one of the module's errors."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        url = self.base_url + path
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        try:
+            async with self._session.request(
+                method, url, data=data, params=params, headers=headers
+            ) as response:
+                raw = await response.read()
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise PeerUnreachableError(
+                f"coordinator {self.base_url} unreachable: {reason}"
+            ) from exc
+        try:
+            answer = json.loads(raw) if raw else {}
+        except ValueError:
+            answer = {"message": raw[:200].decode("utf-8", "replace")}
+        if status == 401:
+            raise AuthenticationError(f"coordinator refused the token: {answer.get('message')}")
+        if status >= 500:
+            raise PeerUnreachableError(f"coordinator answered {status}: {answer.get('message')}")
+        if status >= 400:
+            raise CoordinatorRejected(status, answer if isinstance(answer, dict) else {})
+        return answer
+
+    async def register(self, registration: Registration) -> dict[str, Any]:
+        """Register; the answer has plan_version, heartbeat_interval_s, max_request_bytes."""
+        result: dict[str, Any] = await self.request(
+            "POST", "/api/v1/agents/register", registration.to_dict()
+        )
+        return result
+
+    async def heartbeat(self, node: str, beat: Heartbeat | None = None) -> dict[str, Any]:
+        """Heartbeat; refetch the plan when the answer's plan_version changed."""
+        body = (beat or Heartbeat()).to_dict()
+        result: dict[str, Any] = await self.request(
+            "POST", f"/api/v1/agents/{node}/heartbeat", body
+        )
+        return result
+
+    async def leave(self, node: str) -> dict[str, Any]:
+        """Deregister on graceful shutdown."""
+        result: dict[str, Any] = await self.request("DELETE", f"/api/v1/agents/{node}")
+        return result
+
+    async def plan(self, node: str) -> dict[str, Any]:
+        """This node's probe peers and bandwidth slots (see ``NodePlan.to_dict``)."""
+        result: dict[str, Any] = await self.request("GET", f"/api/v1/agents/{node}/plan")
+        return result
+
+    async def submit(self, node: str, batch: SummaryBatch) -> dict[str, Any]:
+        """Send a batch; ``{"duplicate": true}`` means it was stored before (safe to drop)."""
+        result: dict[str, Any] = await self.request(
+            "POST", f"/api/v1/agents/{node}/summaries", batch.to_dict()
+        )
+        return result
+
+    async def get(self, path: str, **params: float | str) -> dict[str, Any]:
+        """GET an API path (``/api/v1/nodes``, ``/api/v1/links`` ...) with query parameters."""
+        query = {k: str(v) for k, v in params.items()}
+        result: dict[str, Any] = await self.request("GET", path, params=query or None)
+        return result

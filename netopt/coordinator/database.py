@@ -1,0 +1,127 @@
+"""The store on its own threads: the event loop awaits, the disk work happens elsewhere.
+
+:class:`Database` owns a single-thread executor holding the writer connection
+(every :class:`~netopt.coordinator.store.Store` call runs there), groups
+concurrent ingests into one transaction, and checkpoints the WAL on a second
+connection and thread so that no commit waits for a checkpoint's fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+from netopt.coordinator.store import BatchToStore, IngestResult, Store
+from netopt.errors import StorageError
+
+__all__ = ["Database"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Database:
+    """Runs a :class:`Store` on one dedicated thread; every method is awaited."""
+
+    def __init__(self, path: str, *, durable_commits: bool = False) -> None:
+        self._path = path
+        self._durable_commits = durable_commits
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-db")
+        self._store: Store | None = None
+        self._pending: list[tuple[BatchToStore, asyncio.Future[IngestResult]]] = []
+        self._draining = False
+        self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-ckpt")
+        self._checkpoint_db: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        """Open the database (creating and migrating it) on the database thread."""
+        self._store = await self._run(
+            Store, self._path, autocheckpoint=False, durable_commits=self._durable_commits
+        )
+        loop = asyncio.get_running_loop()
+        self._checkpoint_db = await loop.run_in_executor(
+            self._checkpointer,
+            lambda: sqlite3.connect(self._path, isolation_level=None, timeout=30),
+        )
+
+    async def checkpoint(self, truncate_after_frames: int = 16384) -> int:
+        """Copy committed WAL frames into the database file; returns the WAL's frames.
+
+        The copy (and its fsync) runs as a PASSIVE checkpoint on a second connection
+        and thread, so commits do not wait for it; when the WAL has grown past
+        ``truncate_after_frames`` the writer thread then truncates it, which takes
+        only the few frames committed meanwhile. Raises StorageError.
+        """
+        db = self._checkpoint_db
+        if db is None:
+            raise StorageError("database is not open")
+
+        def passive() -> int:
+            try:
+                row = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[0]
+            except sqlite3.Error as exc:
+                raise StorageError(f"checkpoint failed: {exc}") from exc
+            return int(row[1])
+
+        frames = await asyncio.get_running_loop().run_in_executor(self._checkpointer, passive)
+        if frames > truncate_after_frames:
+            await self._run(self.store.truncate_wal)
+        return frames
+
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args)`` on the database thread (``fn`` is a bound Store method)."""
+        return await self._run(fn, *args, **kwargs)
+
+    async def ingest(self, batch: BatchToStore) -> IngestResult:
+        """Store one batch; batches arriving together share one transaction (group commit).
+
+        Returns once the batch is committed. Raises StorageError.
+        """
+        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((batch, future))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                group, self._pending = self._pending, []
+                try:
+                    results = await self._run(self.store.ingest, [b for b, _ in group])
+                except Exception as exc:  # every waiter gets the failure
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(group, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._draining = False
+
+    @property
+    def store(self) -> Store:
+        """The open store (only call its methods through :meth:`call`)."""
+        if self._store is None:
+            raise StorageError("database is not open")
+        return self._store
+
+    async def close(self) -> None:
+        """Close the store (the last connection to close checkpoints) and stop the threads."""
+        if self._checkpoint_db is not None:
+            db, self._checkpoint_db = self._checkpoint_db, None
+            await asyncio.get_running_loop().run_in_executor(self._checkpointer, db.close)
+        if self._store is not None:
+            await self._run(self._store.close)
+            self._store = None
+        self._checkpointer.shutdown(wait=True)
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,64 @@
+"""Prometheus metrics of one coordinator application (its own CollectorRegistry)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "CoordinatorMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _NodeStates(Collector):
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "netopt_coordinator_nodes", "Registered nodes by liveness state.", labels=["state"]
+        )
+        for state, count in sorted(self._counts().items()):
+            family.add_metric([state], count)
+        yield family
+
+
+class CoordinatorMetrics:
+    """Request, ingest and node-state metrics; ``render()`` gives the exposition text."""
+
+    def __init__(self, node_counts: Callable[[], dict[str, int]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "netopt_coordinator_requests",
+            "HTTP requests by route, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "netopt_coordinator_request_duration_seconds",
+            "Time to handle a request, by route.",
+            ["route"],
+            buckets=_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.batches = Counter(
+            "netopt_coordinator_batches",
+            "Summary batches received, stored or recognised as duplicates.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.summaries = Counter(
+            "netopt_coordinator_summaries",
+            "Link summaries received: stored, or expired (older than retention).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.registry.register(_NodeStates(node_counts))
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

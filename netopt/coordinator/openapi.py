@@ -1,0 +1,209 @@
+"""``GET /openapi.json``: the coordinator's API as an OpenAPI 3.1 document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from netopt import __version__
+from netopt.coordinator.schema import (
+    MAX_ADDRESSES_PER_NIC,
+    MAX_NICS,
+    MAX_OUTAGES,
+    MAX_RATE_BPS,
+    MAX_RTT_MS,
+    MAX_SUMMARIES_PER_BATCH,
+    MAX_TIME_S,
+    MAX_WINDOW_S,
+    METHODS,
+)
+
+__all__ = ["openapi_document"]
+
+NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$"}
+MS = {"type": "number", "minimum": 0, "maximum": MAX_RTT_MS}
+BPS = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_RATE_BPS}
+COUNT = {"type": "integer", "minimum": 0}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(required: list[str], **props: Any) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "required": required,
+            "properties": props}  # fmt: skip
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"oneOf": [{"type": "null"}, schema]}
+
+
+def _schemas() -> dict[str, Any]:
+    rtt = _obj(["min", "mean", "p50", "p90", "p99", "max"],
+               **{k: MS for k in ("min", "mean", "p50", "p90", "p99", "max")})  # fmt: skip
+    summary = _obj(
+        ["src", "dst", "taken_at_s", "window_s", "method"],
+        src=NAME,
+        dst={**NAME, "description": "must differ from src"},
+        taken_at_s={"type": "number", "minimum": 0, "maximum": MAX_TIME_S,
+                    "description": "unix time at the end of the window"},
+        window_s={"type": "number", "minimum": 0.001, "maximum": MAX_WINDOW_S},
+        method={"enum": list(METHODS)},
+        probes_sent=COUNT,
+        probes_received={**COUNT, "description": "<= probes_sent"},
+        rtt_ms=_nullable(rtt),
+        jitter_ms={"type": ["number", "null"], "minimum": 0, "maximum": MAX_RTT_MS},
+        delay_variation_ms=_nullable(_obj(["p50", "p90", "p99"], p50=MS, p90=MS, p99=MS)),
+        loss_ratio={"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                    "description": "required for udp and tcp-connect"},
+        loss_ratio_ci95={"type": ["array", "null"], "minItems": 2, "maxItems": 2,
+                         "items": {"type": "number", "minimum": 0, "maximum": 1}},
+        reordered_count=COUNT,
+        duplicate_count=COUNT,
+        late_count=COUNT,
+        outages={"type": "array", "maxItems": MAX_OUTAGES, "items": _obj(
+            ["start_s", "duration_s"],
+            start_s={"type": "number", "minimum": 0}, duration_s={"type": "number", "minimum": 0},
+            lost_count=COUNT, ongoing={"type": "boolean"})},
+        single_stream_bps=BPS,
+        aggregate_bps={**BPS, "description": "bulk-tcp/iperf3 need this or single_stream_bps"},
+        streams={"type": ["integer", "null"], "minimum": 1, "maximum": 1024},
+        congestion_control={"type": ["string", "null"], "pattern": "^[a-z0-9_]{1,16}$"},
+        target={"type": ["string", "null"], "maxLength": 256},
+        duration_s={"type": ["number", "null"], "minimum": 0},
+    )  # fmt: skip
+    nic = _obj(
+        ["name"],
+        name={"type": "string", "pattern": "^[A-Za-z0-9_.:@-]{1,15}$"},
+        addresses={"type": "array", "maxItems": MAX_ADDRESSES_PER_NIC,
+                   "items": {"type": "string", "description": "IP or IP/prefix"}},
+        speed_mbps={"type": ["number", "null"], "minimum": 0},
+        mtu={"type": "integer", "minimum": 68, "maximum": 65536},
+    )  # fmt: skip
+    peer: dict[str, Any] = {"type": "object", "properties": {
+        "node": NAME, "region": NAME, "host": {"type": "string"},
+        "probe_port": {"type": "integer"}, "data_port": {"type": ["integer", "null"]}}}  # fmt: skip
+    return {
+        "Error": {"type": "object", "required": ["error", "message"], "properties": {
+            "error": {"type": "string"}, "message": {"type": "string"},
+            "field": {"type": "string", "description": "path of the refused value"}}},
+        "Registration": _obj(
+            ["node", "region", "netopt_version", "cpu_count", "nics"],
+            node=NAME, region=NAME,
+            netopt_version={"type": "string", "pattern": "^[A-Za-z0-9.+_-]{1,32}$"},
+            cpu_count={"type": "integer", "minimum": 1, "maximum": 65536},
+            nics={"type": "array", "maxItems": MAX_NICS, "items": nic},
+            advertise_host={"type": ["string", "null"],
+                            "description": "address peers probe; default: the request's source"},
+            probe_port={"type": ["integer", "null"], "minimum": 1, "maximum": 65535},
+            data_port={"type": ["integer", "null"], "minimum": 1, "maximum": 65535}),
+        "AgentAck": {"type": "object", "properties": {
+            "node": NAME, "plan_version": {"type": "string"},
+            "heartbeat_interval_s": {"type": "number"}, "stale_after_s": {"type": "number"},
+            "max_request_bytes": {"type": "integer"}, "server_time_s": {"type": "number"}}},
+        "Heartbeat": _obj([], uptime_s={"type": ["number", "null"], "minimum": 0},
+                          spool_bytes={"type": ["integer", "null"], "minimum": 0},
+                          spool_dropped_count={"type": ["integer", "null"], "minimum": 0}),
+        "LinkSummary": summary,
+        "SummaryBatch": _obj(
+            ["batch_id", "summaries"],
+            batch_id={"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$",
+                      "description": "unique per agent; a replay is acknowledged, not stored"},
+            summaries={"type": "array", "maxItems": MAX_SUMMARIES_PER_BATCH,
+                       "items": _ref("LinkSummary")}),
+        "IngestResult": {"type": "object", "properties": {
+            "batch_id": {"type": "string"}, "duplicate": {"type": "boolean"},
+            "accepted": COUNT, "expired": {**COUNT, "description": "older than retention"}}},
+        "NodePlan": {"type": "object", "properties": {
+            "node": NAME, "plan_version": {"type": "string"},
+            "probes": {"type": "array", "items": {**peer, "properties": {
+                **peer["properties"], "kind": {"enum": ["in-region", "cross-border"]}}}},
+            "bandwidth_cycle_s": {"type": "number"}, "bandwidth_slot_s": {"type": "number"},
+            "bandwidth_tests": {"type": "array", "items": {**peer, "properties": {
+                **peer["properties"], "offset_s": {"type": "number", "description":
+                    "run at every k * bandwidth_cycle_s + offset_s (unix time)"}}}}}},
+        "Nodes": {"type": "object", "properties": {"nodes": {"type": "array", "items": {
+            "type": "object", "properties": {"node": NAME, "region": NAME,
+                                             "state": {"enum": ["live", "stale", "left"]}}}}}},
+        "Links": {"type": "object", "description": "per (src, dst): latest figures, RTT "
+                  "percentiles over the window's summary medians, pooled loss, latest bandwidth"},
+        "Regions": {"type": "object", "description": "per unordered region pair"},
+        "History": {"type": "object", "properties": {
+            "summaries": {"type": "array", "items": _ref("LinkSummary")}}},
+    }  # fmt: skip
+
+
+def _op(summary: str, ok: str | None, body: str | None = None, **params: Any) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {}}
+    if ok:
+        op["responses"]["200"] = {"description": "OK", "content": {
+            "application/json": {"schema": _ref(ok)}}}  # fmt: skip
+    for code, text in (
+        ("400", "invalid request"),
+        ("401", "missing or wrong token"),
+        ("404", "unknown node"),
+        ("413", "body over max_request_bytes"),
+    ):
+        op["responses"][code] = {"description": text, "content": {
+            "application/json": {"schema": _ref("Error")}}}  # fmt: skip
+    if body:
+        op["requestBody"] = {"required": body != "Heartbeat", "content": {
+            "application/json": {"schema": _ref(body)}}}  # fmt: skip
+    op["parameters"] = [
+        {"name": name, "in": where, "required": where == "path", "schema": schema}
+        for name, (where, schema) in params.items()
+    ]
+    return op
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 description of every route (JSON-able)."""
+    node = ("path", NAME)
+    window = ("query", {"type": "number", "minimum": 1, "default": 300,
+                        "description": "seconds back from now (at most retention_s)"})  # fmt: skip
+    limit = ("query", {"type": "integer", "minimum": 1, "maximum": 5000, "default": 500})
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "netopt coordinator",
+            "version": __version__,
+            "description": "Agent registry, link-summary ingest, probe plans and the link "
+            "matrix. Every route except /, /dashboard.*, /openapi.json and /healthz needs "
+            "'Authorization: Bearer <token>' (the shared token); /metrics too.",
+        },
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/v1/agents/register": {"post": _op(
+                "Register or re-register an agent", "AgentAck", "Registration")},
+            "/api/v1/agents/{node}/heartbeat": {"post": _op(
+                "Heartbeat; the reply carries plan_version (refetch the plan when it changes)",
+                "AgentAck", "Heartbeat", node=node)},
+            "/api/v1/agents/{node}": {"delete": _op(
+                "Deregister on graceful shutdown (node shows as 'left')", None, node=node)},
+            "/api/v1/agents/{node}/plan": {"get": _op(
+                "This agent's probe peers and bandwidth test slots", "NodePlan", node=node)},
+            "/api/v1/agents/{node}/summaries": {"post": _op(
+                "Ingest a batch of link summaries, idempotent by (node, batch_id)",
+                "IngestResult", "SummaryBatch", node=node)},
+            "/api/v1/nodes": {"get": _op("Nodes with liveness state", "Nodes")},
+            "/api/v1/links": {"get": _op("Node-pair matrix", "Links", window_s=window)},
+            "/api/v1/links/{src}/{dst}/history": {"get": _op(
+                "Recent summaries of one link, oldest first", "History",
+                src=node, dst=node, window_s=window, limit=limit)},
+            "/api/v1/regions": {"get": _op("Region-pair aggregates", "Regions", window_s=window)},
+            "/api/v1/plan": {"get": _op("The whole fleet's plan", None)},
+            "/metrics": {"get": {"summary": "Prometheus metrics (token required)",
+                                 "responses": {"200": {"description": "text format 0.0.4"}}}},
+            "/healthz": {"get": {"summary": "Liveness, no token", "security": [],
+                                 "responses": {"200": {"description": "ok"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "security": [],
+                                      "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            "/": {"get": {"summary": "Dashboard page (static; the token is typed in or passed "
+                          "as #token=... and sent only as a header)", "security": [],
+                          "responses": {"200": {"description": "HTML"}}}},
+        },
+    }  # fmt: skip

@@ -1,0 +1,67 @@
+"""Run the coordinator until SIGTERM or SIGINT: ``netopt coordinator --config FILE``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from aiohttp import web
+
+from netopt.config import CoordinatorSettings
+from netopt.coordinator.app import CoordinatorDeps, create_app
+from netopt.errors import NetworkError
+
+__all__ = ["run_coordinator", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve(
+    settings: CoordinatorSettings,
+    stop: asyncio.Event,
+    deps: CoordinatorDeps | None = None,
+    on_ready: Callable[[str, int], None] | None = None,
+) -> None:
+    """Serve until ``stop`` is set, then close connections and the database cleanly.
+
+    ``on_ready(host, port)`` is called once listening (the port is the bound one
+    when the configured port is 0). Raises NetworkError when the address is taken.
+    """
+    app = create_app(settings, deps)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.listen.host, settings.listen.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise NetworkError(
+                f"cannot listen on {settings.listen.url_host}:{settings.listen.port}: "
+                f"{exc.strerror}"
+            ) from exc
+        # The bound address tells the real port when port 0 was asked for.
+        addresses = runner.addresses
+        port = int(addresses[0][1]) if addresses else settings.listen.port
+        log.warning("coordinator listening on http://%s:%d", settings.listen.url_host, port)
+        if on_ready is not None:
+            on_ready(settings.listen.host, port)
+        await stop.wait()
+        log.warning("coordinator shutting down")
+    finally:
+        await runner.cleanup()
+
+
+def run_coordinator(settings: CoordinatorSettings) -> int:
+    """Blocking entry point: serve until SIGTERM/SIGINT; returns the exit code (0)."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,297 @@
+"""The coordinator's domain: registry, liveness, ingest, plan and matrix queries.
+
+HTTP handlers call these methods and serialise what they return; all policy is
+here or in the pure modules (``plan``, ``matrix``). Time comes from an injected
+clock, so liveness can be tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from netopt.config import CoordinatorSettings
+from netopt.coordinator.database import Database
+from netopt.coordinator.matrix import link_figures, region_figures
+from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
+from netopt.coordinator.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
+from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
+from netopt.errors import NetoptError
+
+__all__ = ["Coordinator", "NodeState", "NotFoundError", "node_state"]
+
+NodeState = Literal["live", "stale", "left"]
+PLAN_CACHE_S = 1.0
+INLINE_PLAN_NODES = 128
+REPLAN_MIN_INTERVAL_S = 2.0
+
+
+class NotFoundError(NetoptError):
+    """The named node or link is not known to the coordinator (HTTP 404)."""
+
+
+def node_state(node: StoredNode, now_s: float, stale_after_s: float) -> NodeState:
+    """``left`` after a deregistration, ``stale`` when the last heartbeat is too old."""
+    if node.left_at_s is not None:
+        return "left"
+    return "stale" if now_s - node.last_seen_s > stale_after_s else "live"
+
+
+@dataclass
+class _PlanCache:
+    generation: int = -1
+    computed_at_s: float = float("-inf")
+    key: tuple[PlanNode, ...] = ()
+    plan: ProbePlan | None = None
+
+
+class Coordinator:
+    """Registry and link matrix over a :class:`Database`; one per application."""
+
+    def __init__(
+        self, settings: CoordinatorSettings, db: Database, clock: Callable[[], float]
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.clock = clock
+        self.nodes: dict[str, StoredNode] = {}
+        self._dirty: set[str] = set()
+        self._generation = 0
+        self._plan = _PlanCache()
+        self._planning: asyncio.Task[None] | None = None
+        self._replan_started_s = float("-inf")
+        pp = settings.probe_plan
+        self.plan_options = PlanOptions(
+            per_node_budget=pp.per_node_budget,
+            representatives_per_region_pair=pp.representatives_per_region_pair,
+            bandwidth_interval_s=pp.bandwidth_interval_s,
+        )
+
+    async def load(self) -> None:
+        """Read the registry from the database (after a restart)."""
+        self.nodes = {n.name: n for n in await self.db.call(self.db.store.nodes)}
+        self._generation += 1
+
+    def _agent_info(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "stale_after_s": s.stale_after_s,
+            "heartbeat_interval_s": round(s.stale_after_s / 3, 3),
+            "max_request_bytes": s.max_request_bytes,
+            "server_time_s": self.clock(),
+        }
+
+    async def register(self, reg: Registration, observed_host: str) -> dict[str, Any]:
+        """Add or update a node; ``observed_host`` is used when it advertises no address."""
+        now = self.clock()
+        old = self.nodes.get(reg.node)
+        node = StoredNode(
+            name=reg.node,
+            region=reg.region,
+            host=reg.advertise_host or observed_host,
+            registration=reg.to_dict(),
+            registered_at_s=now if old is None else old.registered_at_s,
+            last_seen_s=now,
+            left_at_s=None,
+            health={} if old is None else old.health,
+        )
+        await self.db.call(self.db.store.save_node, node)
+        self.nodes[reg.node] = node
+        self._dirty.discard(reg.node)
+        self._generation += 1
+        return {
+            "node": node.name,
+            "region": node.region,
+            "host": node.host,
+            "plan_version": self.plan().version,
+            **self._agent_info(),
+        }
+
+    def _known(self, name: str) -> StoredNode:
+        node = self.nodes.get(name)
+        if node is None:
+            raise NotFoundError(f"node {name!r} is not registered; register first")
+        return node
+
+    async def heartbeat(self, name: str, beat: Heartbeat) -> dict[str, Any]:
+        """Mark the node alive (a node that had left is back); persisted in batches."""
+        node = self._known(name)
+        now = self.clock()
+        if node_state(node, now, self.settings.stale_after_s) != "live":
+            self._generation += 1  # a stale or departed node rejoins the plan now
+        self.nodes[name] = dataclasses.replace(
+            node, last_seen_s=now, left_at_s=None, health=beat.to_dict()
+        )
+        if node.left_at_s is not None:
+            await self.db.call(self.db.store.save_node, self.nodes[name])
+        else:
+            self._dirty.add(name)
+        return {"node": name, "state": "live", "plan_version": self.plan().version,
+                **self._agent_info()}  # fmt: skip
+
+    async def leave(self, name: str) -> dict[str, Any]:
+        """Deregister (graceful shutdown): the node drops out of the plan, stays listed."""
+        node = dataclasses.replace(self._known(name), left_at_s=self.clock())
+        await self.db.call(self.db.store.save_node, node)
+        self.nodes[name] = node
+        self._generation += 1
+        return {"node": name, "state": "left"}
+
+    async def flush_heartbeats(self) -> int:
+        """Write the last heartbeat of every node that sent one since the last flush."""
+        names, self._dirty = self._dirty, set()
+        updates = [(n, self.nodes[n].last_seen_s, self.nodes[n].health) for n in sorted(names)]
+        if updates:
+            await self.db.call(self.db.store.touch_nodes, updates)
+        return len(updates)
+
+    def _live_key(self, now: float) -> tuple[PlanNode, ...]:
+        return tuple(
+            PlanNode(n.name, n.region, n.host, int(n.registration.get("probe_port") or 7471),
+                     n.registration.get("data_port"))
+            for n in self.nodes.values()
+            if node_state(n, now, self.settings.stale_after_s) == "live"
+        )  # fmt: skip
+
+    def plan(self) -> ProbePlan:
+        """The fleet's plan over the live nodes, following joins, leaves and staleness.
+
+        Small fleets are planned inline. For more than ``INLINE_PLAN_NODES`` live
+        nodes the new plan is computed on a worker thread while the previous one is
+        served, so a registration storm never stalls the event loop.
+        """
+        now = self.clock()
+        cache = self._plan
+        big = len(self.nodes) > INLINE_PLAN_NODES
+        if (
+            cache.plan is not None
+            and (big or cache.generation == self._generation)
+            and now - cache.computed_at_s < PLAN_CACHE_S
+        ):
+            # A big fleet looks at its membership at most once per PLAN_CACHE_S: during
+            # a registration storm every join would otherwise cost O(fleet) work.
+            return cache.plan
+        key = self._live_key(now)
+        cache.generation, cache.computed_at_s = self._generation, now
+        if cache.plan is not None and key == cache.key:
+            return cache.plan
+        if cache.plan is None or len(key) <= INLINE_PLAN_NODES:
+            cache.plan, cache.key = make_plan(key, self.plan_options), key
+        elif (self._planning is None or self._planning.done()) and (
+            now - self._replan_started_s >= REPLAN_MIN_INTERVAL_S
+        ):
+            # At most one big replan per interval: a registration storm of a thousand
+            # agents then costs a few plans, not a thousand.
+            self._replan_started_s = now
+            self._planning = asyncio.get_running_loop().create_task(self._replan(key))
+        else:
+            cache.key = ()  # not planned yet: compare again at the next look
+        return cache.plan
+
+    async def _replan(self, key: tuple[PlanNode, ...]) -> None:
+        plan = await asyncio.to_thread(make_plan, key, self.plan_options)
+        self._plan.plan, self._plan.key = plan, key
+        self._plan.computed_at_s = float("-inf")  # membership may have moved on meanwhile
+
+    async def refresh_plan(self) -> ProbePlan:
+        """Compute the plan now on a worker thread (at start-up, after loading)."""
+        key = self._live_key(self.clock())
+        plan = await asyncio.to_thread(make_plan, key, self.plan_options)
+        self._plan = _PlanCache(self._generation, self.clock(), key, plan)
+        return plan
+
+    async def close(self) -> None:
+        """Stop a plan computation in progress."""
+        if self._planning is not None and not self._planning.done():
+            self._planning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._planning
+
+    def node_plan(self, name: str) -> dict[str, Any]:
+        """One agent's plan; a node that is not live gets an empty plan."""
+        self._known(name)
+        return self.plan().for_node(name).to_dict()
+
+    async def ingest(self, name: str, batch: SummaryBatch) -> IngestResult:
+        """Store a batch once; every summary must be measured by ``name`` (``src``)."""
+        self._known(name)
+        for index, summary in enumerate(batch.summaries):
+            if summary.src != name:
+                raise RequestInvalid(
+                    f"summaries[{index}].src", f"must be the reporting node {name!r}"
+                )
+        now = self.clock()
+        return await self.db.ingest(
+            BatchToStore(
+                name, batch.batch_id, batch.summaries, now, now - self.settings.retention_s
+            )
+        )
+
+    def node_views(self) -> list[dict[str, Any]]:
+        """Every known node with its state (``live``/``stale``/``left``) and details."""
+        now = self.clock()
+        out = []
+        for node in sorted(self.nodes.values(), key=lambda n: (n.region, n.name)):
+            reg = node.registration
+            out.append(
+                {
+                    "node": node.name,
+                    "region": node.region,
+                    "host": node.host,
+                    "state": node_state(node, now, self.settings.stale_after_s),
+                    "last_seen_s": node.last_seen_s,
+                    "age_s": max(0.0, now - node.last_seen_s),
+                    "registered_at_s": node.registered_at_s,
+                    "netopt_version": reg.get("netopt_version"),
+                    "cpu_count": reg.get("cpu_count"),
+                    "nics": reg.get("nics", []),
+                    "probe_port": reg.get("probe_port"),
+                    "data_port": reg.get("data_port"),
+                    "health": node.health,
+                }
+            )
+        return out
+
+    def state_counts(self) -> dict[str, int]:
+        """How many nodes are live, stale and left."""
+        counts = {"live": 0, "stale": 0, "left": 0}
+        now = self.clock()
+        for node in self.nodes.values():
+            counts[node_state(node, now, self.settings.stale_after_s)] += 1
+        return counts
+
+    def _regions(self) -> dict[str, str]:
+        return {n.name: n.region for n in self.nodes.values()}
+
+    async def links(self, window_s: float) -> dict[str, Any]:
+        """The node-pair matrix over the last ``window_s`` seconds."""
+        now = self.clock()
+        rows = await self.db.call(self.db.store.link_rows, now - window_s)
+        return {"window_s": window_s, "now_s": now, "links": link_figures(rows, self._regions())}
+
+    async def region_matrix(self, window_s: float) -> dict[str, Any]:
+        """Region-pair aggregates over the last ``window_s`` seconds."""
+        now = self.clock()
+        rows = await self.db.call(self.db.store.link_rows, now - window_s)
+        regions = self._regions()
+        links = link_figures(rows, regions)
+        return {
+            "window_s": window_s,
+            "now_s": now,
+            "regions": sorted(set(regions.values())),
+            "pairs": region_figures(links, rows, regions),
+        }
+
+    async def history(self, src: str, dst: str, window_s: float, limit: int) -> dict[str, Any]:
+        """Recent summaries of ``src`` -> ``dst``, oldest first."""
+        now = self.clock()
+        points = await self.db.call(self.db.store.history, src, dst, now - window_s, limit)
+        return {"src": src, "dst": dst, "window_s": window_s, "summaries": points}
+
+    async def sweep(self) -> int:
+        """Apply retention: delete data older than ``retention_s``; returns rows deleted."""
+        return await self.db.call(self.db.store.sweep, self.clock() - self.settings.retention_s)

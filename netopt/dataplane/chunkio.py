@@ -1,0 +1,268 @@
+"""Where chunks come from and where they go: the `ChunkSource` / `ChunkSink` protocols.
+
+A source hands out a dataset's manifest and its chunks as they travel (maybe
+zstd-compressed); a sink keeps verified chunks until the files that use them are
+written. The sync engine (`netopt.dataplane.sync`) works against these two
+protocols only, so the HTTP client, the on-disk resume store and, later, the
+node's chunk cache plug in behind it; `MemoryChunkSource` / `MemoryChunkSink`
+serve unit tests.
+
+`encode_chunk` and `decode_chunk` are the wire format: a zstd frame, or the raw
+bytes when compression is off or does not pay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import struct
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import blake3
+import zstandard
+
+from netopt.errors import IntegrityError, StorageError
+from netopt.transfer.manifest import Manifest, validate_chunk_id
+
+__all__ = [
+    "FRAME_HEADER",
+    "ChunkSink",
+    "ChunkSource",
+    "Codec",
+    "DirChunkSink",
+    "MemoryChunkSink",
+    "MemoryChunkSource",
+    "RawChunk",
+    "decode_chunk",
+    "encode_chunk",
+    "frame_header",
+    "max_frame_bytes",
+    "parse_frame_header",
+]
+
+Codec = Literal["zstd", "identity"]
+
+FRAME_HEADER = struct.Struct(">32sBI")
+"""A batch response frame: BLAKE3 digest (32 bytes), codec (0 raw, 1 zstd), payload length."""
+
+_CODEC_BYTES: dict[Codec, int] = {"identity": 0, "zstd": 1}
+_CODEC_NAMES: dict[int, Codec] = {v: k for k, v in _CODEC_BYTES.items()}
+
+
+def frame_header(chunk_id: str, codec: Codec, payload_bytes: int) -> bytes:
+    """The header that precedes one chunk in a batch response."""
+    return FRAME_HEADER.pack(bytes.fromhex(chunk_id), _CODEC_BYTES[codec], payload_bytes)
+
+
+def parse_frame_header(header: bytes) -> tuple[str, Codec, int]:
+    """(chunk name, codec, payload length) from a frame header; ValueError if malformed."""
+    digest, codec, length = FRAME_HEADER.unpack(header)
+    if codec not in _CODEC_NAMES:
+        raise ValueError(f"unknown codec byte {codec}")
+    return digest.hex(), _CODEC_NAMES[codec], length
+
+
+def max_frame_bytes(length_bytes: int) -> int:
+    """The largest payload a chunk of ``length_bytes`` may arrive as (zstd's worst case)."""
+    return length_bytes + length_bytes // 128 + 1024
+
+
+@dataclass(frozen=True)
+class RawChunk:
+    """A chunk as it arrived: its payload, how it is encoded, and the bytes it took."""
+
+    payload: bytes
+    codec: Codec
+    wire_bytes: int
+
+
+class ChunkSource(Protocol):
+    """Something that serves one dataset: its manifest and its chunks."""
+
+    async def fetch_manifest(self) -> Manifest:
+        """The dataset's manifest (validated)."""
+        ...
+
+    async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        """One chunk, encoded as the source chose. Unverified: the caller checks it."""
+        ...
+
+    def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
+        """Several chunks (name, length) in one request, yielded in order as they arrive.
+
+        Unverified. Stops early with NetworkError when the stream breaks; the
+        chunks yielded before that are whole.
+        """
+        ...
+
+
+class ChunkSink(Protocol):
+    """Something that keeps verified chunks."""
+
+    async def has(self, chunk_id: str) -> bool:
+        """True when the chunk is stored and complete."""
+        ...
+
+    async def put(self, chunk_id: str, data: bytes) -> None:
+        """Store a chunk whose hash the caller has verified; durable when this returns."""
+        ...
+
+    async def get(self, chunk_id: str) -> bytes:
+        """A stored chunk; KeyError if absent, IntegrityError if it no longer verifies."""
+        ...
+
+
+def encode_chunk(data: bytes, zstd_level: int | None) -> tuple[bytes, Codec]:
+    """Compress ``data`` at ``zstd_level``; raw bytes when off or when zstd does not shrink it."""
+    if zstd_level is None or zstd_level <= 0:
+        return data, "identity"
+    frame: bytes = zstandard.ZstdCompressor(level=zstd_level).compress(data)
+    return (frame, "zstd") if len(frame) < len(data) else (data, "identity")
+
+
+def decode_chunk(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
+    """Decode and verify a chunk against its BLAKE3 name and length.
+
+    Decompression is bounded by ``length_bytes`` (a lying frame cannot make it
+    allocate more). Raises IntegrityError for a bad frame, a wrong length or a
+    hash mismatch.
+    """
+    if raw.codec == "zstd":
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(raw.payload)
+            data = reader.read(length_bytes + 1)
+            while len(data) <= length_bytes:
+                more = reader.read(length_bytes + 1 - len(data))
+                if not more:
+                    break
+                data += more
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"chunk {chunk_id[:16]}: bad zstd frame: {exc}") from exc
+    else:
+        data = raw.payload
+    if len(data) != length_bytes:
+        raise IntegrityError(
+            f"chunk {chunk_id[:16]}: {len(data)} bytes, the manifest says {length_bytes}"
+        )
+    if blake3.blake3(data).hexdigest() != chunk_id:
+        raise IntegrityError(f"chunk {chunk_id[:16]}: BLAKE3 mismatch")
+    return bytes(data)
+
+
+class MemoryChunkSource:
+    """A source over an in-memory manifest and chunk table, for tests.
+
+    ``corrupt_first`` names chunks whose first fetch returns flipped bytes;
+    ``fetches`` counts fetches per chunk.
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        chunks: Mapping[str, bytes],
+        *,
+        zstd_level: int | None = None,
+        corrupt_first: frozenset[str] = frozenset(),
+    ) -> None:
+        self.manifest = manifest
+        self.chunks = dict(chunks)
+        self.zstd_level = zstd_level
+        self.corrupt_first = set(corrupt_first)
+        self.fetches: Counter[str] = Counter()
+
+    async def fetch_manifest(self) -> Manifest:
+        return self.manifest
+
+    async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        self.fetches[chunk_id] += 1
+        data = self.chunks[chunk_id]
+        if chunk_id in self.corrupt_first:
+            self.corrupt_first.discard(chunk_id)
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        payload, codec = encode_chunk(data, self.zstd_level)
+        return RawChunk(payload, codec, len(payload))
+
+    async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
+        for chunk_id, length in wanted:
+            yield await self.fetch_chunk(chunk_id, length)
+
+
+class MemoryChunkSink:
+    """A sink in a dict, for tests."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[str, bytes] = {}
+
+    async def has(self, chunk_id: str) -> bool:
+        return chunk_id in self.chunks
+
+    async def put(self, chunk_id: str, data: bytes) -> None:
+        self.chunks[chunk_id] = data
+
+    async def get(self, chunk_id: str) -> bytes:
+        return self.chunks[chunk_id]
+
+
+class DirChunkSink:
+    """Verified chunks as files named by their hash in one directory (the resume store).
+
+    Each chunk is written to a temporary name, fsynced and renamed, so a chunk
+    file that exists is complete; `get` verifies again and drops a chunk that
+    no longer matches.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for stale in self.root.glob(".tmp-*"):
+                stale.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot use chunk directory {self.root}: {exc}") from exc
+
+    def _path(self, chunk_id: str) -> Path:
+        return self.root / validate_chunk_id(chunk_id)
+
+    async def has(self, chunk_id: str) -> bool:
+        return await asyncio.to_thread(self._path(chunk_id).is_file)
+
+    def stored_ids(self) -> set[str]:
+        """Every complete chunk in the store."""
+        return {p.name for p in self.root.iterdir() if not p.name.startswith(".")}
+
+    def _put(self, chunk_id: str, data: bytes) -> None:
+        final = self._path(chunk_id)
+        tmp = self.root / f".tmp-{chunk_id[:16]}-{secrets.token_hex(4)}"
+        try:
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StorageError(f"cannot store chunk {chunk_id[:16]}: {exc}") from exc
+
+    async def put(self, chunk_id: str, data: bytes) -> None:
+        await asyncio.to_thread(self._put, chunk_id, data)
+
+    def _get(self, chunk_id: str) -> bytes:
+        path = self._path(chunk_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise KeyError(chunk_id) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read chunk {chunk_id[:16]}: {exc}") from exc
+        if blake3.blake3(data).hexdigest() != chunk_id:
+            path.unlink(missing_ok=True)
+            raise IntegrityError(f"stored chunk {chunk_id[:16]} no longer verifies; dropped it")
+        return data
+
+    async def get(self, chunk_id: str) -> bytes:
+        return await asyncio.to_thread(self._get, chunk_id)

@@ -1,0 +1,330 @@
+"""The data-plane server: a dataset's manifest and its content-addressed chunks over HTTP.
+
+Routes (all under ``/v1``; every dataset route needs ``Authorization: Bearer
+TOKEN`` unless the server was started without a token):
+
+    GET /v1/health                              {"ok": true}
+    GET /v1/datasets/{name}                     info: size, counts, sample and codec profile
+    GET /v1/datasets/{name}/manifest            the manifest (JSON)
+    GET /v1/datasets/{name}/chunks/{id}?level=N one chunk, zstd level N (0: raw)
+    POST /v1/datasets/{name}/batch?level=N      body {"chunks": [id, ...]}: a stream of
+                                                frames (`chunkio.FRAME_HEADER` + payload)
+
+The batch route keeps a connection busy for many chunks (no idle round trip
+between them, no slow-start restart), and compresses the next chunk while the
+current one is being sent.
+
+A chunk response carries ``X-Netopt-Codec: zstd|identity``. Chunks are found
+through an index built from the manifest, never from a path in the request, and
+names are checked before lookup, so a request cannot reach outside the dataset.
+Reading, hashing and compressing run in a thread pool sized to the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+from aiohttp import web
+
+from netopt.config.common import DATASET_NAME_RE
+from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
+from netopt.dataplane.sockets import set_congestion_control
+from netopt.errors import IntegrityError, NetoptError, StorageError, ValidationError
+from netopt.transfer.manifest import CHUNK_ID_RE, Manifest, build_manifest, manifest_to_dict
+from netopt.transfer.planner import CpuProfile, SampleProfile
+from netopt.transfer.profile import cpu_profile_to_dict, sample_files
+
+__all__ = [
+    "DATASETS",
+    "STATS",
+    "ServeSettings",
+    "ServeStats",
+    "ServedDataset",
+    "create_app",
+    "load_dataset",
+    "start_server",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_ZSTD_LEVEL = 19
+MAX_BATCH_CHUNKS = 1024
+AUTH_HEADER = "Authorization"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the server behaves; ``token`` None means no authentication (``--no-auth``)."""
+
+    token: str | None
+    congestion_control: str | None = "bbr"
+    worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ServedDataset:
+    """A dataset held in memory as its manifest plus an index to read chunks from disk."""
+
+    manifest: Manifest
+    root: Path
+    index: Mapping[str, tuple[str, int, int]]
+    sample: SampleProfile
+
+    def read_chunk(self, chunk_id: str) -> bytes:
+        """Read and verify one chunk (blocking). Raises KeyError, StorageError, IntegrityError."""
+        rel, offset, length = self.index[chunk_id]
+        try:
+            with (self.root / rel).open("rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+        except OSError as exc:
+            raise StorageError(f"cannot read {rel}: {exc}") from exc
+        if len(data) != length or blake3.blake3(data).hexdigest() != chunk_id:
+            raise IntegrityError(f"{rel} changed on disk since the manifest was built")
+        return data
+
+
+def load_dataset(root: str | os.PathLike[str], name: str, avg_chunk_bytes: int) -> ServedDataset:
+    """Chunk ``root`` into a manifest, index its chunks and sample its compressibility."""
+    if not DATASET_NAME_RE.match(name) or ".." in name:
+        raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
+    base = Path(root).resolve()
+    manifest = build_manifest(base, name, avg_chunk_bytes)
+    index: dict[str, tuple[str, int, int]] = {}
+    for entry in manifest.files:
+        for ref in entry.chunks:
+            index.setdefault(ref.chunk_id, (entry.path, ref.offset_bytes, ref.length_bytes))
+    files = [base / f.path for f in manifest.files if f.size_bytes > 0]
+    sample = sample_files(files) if files else SampleProfile({}, 0)
+    return ServedDataset(manifest, base, index, sample)
+
+
+class ServeStats:
+    """Counters for operators and tests: chunk requests per chunk and bytes sent."""
+
+    def __init__(self) -> None:
+        self.chunk_requests: Counter[str] = Counter()
+        self.payload_bytes_sent = 0
+
+
+DATASETS = web.AppKey("datasets", dict[str, ServedDataset])
+SETTINGS = web.AppKey("settings", ServeSettings)
+CPU = web.AppKey("cpu", CpuProfile)
+STATS = web.AppKey("stats", ServeStats)
+EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, exc: NetoptError | str) -> web.Response:
+    body = exc.to_dict() if isinstance(exc, NetoptError) else {"error": "Error", "message": exc}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[SETTINGS].token
+    if token is None or request.path == "/v1/health":
+        return await handler(request)
+    given = request.headers.get(AUTH_HEADER, "")
+    expected = f"Bearer {token}"
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        return _error(401, "missing or wrong token")
+    return await handler(request)
+
+
+def _dataset(request: web.Request) -> ServedDataset:
+    name = request.match_info["name"]
+    if not DATASET_NAME_RE.match(name) or ".." in name:
+        raise web.HTTPBadRequest(text=f"bad dataset name {name!r}")
+    found = request.app[DATASETS].get(name)
+    if found is None:
+        raise web.HTTPNotFound(text=f"no dataset {name!r}")
+    return found
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def dataset_info(request: web.Request) -> web.Response:
+    ds = _dataset(request)
+    return web.json_response(
+        {
+            "name": ds.manifest.name,
+            "manifest_id": ds.manifest.manifest_id,
+            "total_bytes": ds.manifest.total_bytes,
+            "files": len(ds.manifest.files),
+            "chunks": len(ds.index),
+            "avg_chunk_bytes": ds.manifest.avg_chunk_bytes,
+            "sample": {str(k): v for k, v in ds.sample.ratio_by_level.items()},
+            "cpu": cpu_profile_to_dict(request.app[CPU]),
+            "congestion_control": request.app[SETTINGS].congestion_control,
+        }
+    )
+
+
+async def dataset_manifest(request: web.Request) -> web.Response:
+    return web.json_response(manifest_to_dict(_dataset(request).manifest))
+
+
+def _read_and_encode(ds: ServedDataset, chunk_id: str, level: int) -> tuple[bytes, Codec]:
+    return encode_chunk(ds.read_chunk(chunk_id), level)
+
+
+def _level(request: web.Request) -> int:
+    try:
+        level = int(request.query.get("level", "0"))
+    except ValueError:
+        raise web.HTTPBadRequest(text="level is not an integer") from None
+    if not 0 <= level <= MAX_ZSTD_LEVEL:
+        raise web.HTTPBadRequest(text=f"level must be 0..{MAX_ZSTD_LEVEL}")
+    return level
+
+
+def _chunk_name(ds: ServedDataset, chunk_id: object) -> str:
+    if not isinstance(chunk_id, str) or not CHUNK_ID_RE.match(chunk_id):
+        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits")
+    if chunk_id not in ds.index:
+        raise web.HTTPNotFound(text="no such chunk in this dataset")
+    return chunk_id
+
+
+async def dataset_batch(request: web.Request) -> web.StreamResponse:
+    ds = _dataset(request)
+    level = _level(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="body is not JSON") from None
+    wanted = body.get("chunks") if isinstance(body, dict) else None
+    if not isinstance(wanted, list) or not 0 < len(wanted) <= MAX_BATCH_CHUNKS:
+        raise web.HTTPBadRequest(text=f"chunks must be a list of 1..{MAX_BATCH_CHUNKS} names")
+    ids = [_chunk_name(ds, cid) for cid in wanted]
+    stats = request.app[STATS]
+    loop = asyncio.get_running_loop()
+    executor = request.app[EXECUTOR]
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
+    await resp.prepare(request)
+    upcoming = loop.run_in_executor(executor, _read_and_encode, ds, ids[0], level)
+    try:
+        for i, chunk_id in enumerate(ids):
+            stats.chunk_requests[chunk_id] += 1
+            payload, codec = await upcoming
+            if i + 1 < len(ids):
+                upcoming = loop.run_in_executor(executor, _read_and_encode, ds, ids[i + 1], level)
+            await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
+            stats.payload_bytes_sent += len(payload)
+    except (StorageError, IntegrityError) as exc:
+        # Cut the stream: the client keeps the whole frames it got and asks again.
+        log.warning("batch stopped at chunk %s: %s", chunk_id[:16], exc)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    finally:
+        if not upcoming.done():
+            upcoming.cancel()
+    await resp.write_eof()
+    return resp
+
+
+async def dataset_chunk(request: web.Request) -> web.Response:
+    ds = _dataset(request)
+    level = _level(request)
+    chunk_id = _chunk_name(ds, request.match_info["chunk_id"])
+    stats = request.app[STATS]
+    stats.chunk_requests[chunk_id] += 1
+    loop = asyncio.get_running_loop()
+    try:
+        payload, codec = await loop.run_in_executor(
+            request.app[EXECUTOR], _read_and_encode, ds, chunk_id, level
+        )
+    except (StorageError, IntegrityError) as exc:
+        log.warning("chunk %s: %s", chunk_id[:16], exc)
+        return _error(500, exc)
+    stats.payload_bytes_sent += len(payload)
+    return web.Response(
+        body=payload,
+        content_type="application/octet-stream",
+        headers={"X-Netopt-Codec": codec},
+    )
+
+
+async def _executor_ctx(app: web.Application) -> AsyncIterator[None]:
+    executor = ThreadPoolExecutor(max_workers=max(1, app[SETTINGS].worker_threads))
+    app[EXECUTOR] = executor
+    yield
+    executor.shutdown(wait=True, cancel_futures=True)
+
+
+def create_app(
+    settings: ServeSettings,
+    datasets: Mapping[str, ServedDataset],
+    cpu_profile: CpuProfile,
+    stats: ServeStats | None = None,
+) -> web.Application:
+    """The data-plane application serving ``datasets`` (name -> dataset)."""
+    app = web.Application(middlewares=[_auth])
+    app[SETTINGS] = settings
+    app[DATASETS] = dict(datasets)
+    app[CPU] = cpu_profile
+    app[STATS] = stats or ServeStats()
+    app.cleanup_ctx.append(_executor_ctx)
+    app.add_routes(
+        [
+            web.get("/v1/health", health),
+            web.get("/v1/datasets/{name}", dataset_info),
+            web.get("/v1/datasets/{name}/manifest", dataset_manifest),
+            web.get("/v1/datasets/{name}/chunks/{chunk_id}", dataset_chunk),
+            web.post("/v1/datasets/{name}/batch", dataset_batch),
+        ]
+    )
+    return app
+
+
+def _listen_socket(host: str, port: int, congestion_control: str | None) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if congestion_control is not None:
+            # Accepted sockets inherit a congestion control set on the listener; the
+            # server is the sender, so its choice is the one that matters.
+            set_congestion_control(sock, congestion_control)
+        sock.bind((host, port))
+        sock.listen(256)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def start_server(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on ``host:port`` (0: any free port); return the runner and the port.
+
+    Raises ValidationError (exit code 2) when the address cannot be bound.
+    """
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        sock = _listen_socket(host, port, app[SETTINGS].congestion_control)
+    except OSError as exc:
+        await runner.cleanup()
+        raise ValidationError(f"cannot listen on {host}:{port}: {exc}") from exc
+    site = web.SockSite(runner, sock)
+    await site.start()
+    bound_port: int = sock.getsockname()[1]
+    return runner, bound_port

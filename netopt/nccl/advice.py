@@ -1,0 +1,119 @@
+"""Training-script advice: the process-group timeout and the DDP communication hook.
+
+The hook is chosen from the predicted share of communication in a step,
+``T_comm / (T_comm + T_compute)``, counting DDP's gradient buckets one after
+another and no overlap with the backward pass (an upper bound: DDP overlaps
+some of it). The least lossy hook that brings the share under ``TARGET_SHARE``
+wins: none, then ``bf16_compress_hook`` (half the bytes), then PowerSGD with the
+largest matrix-approximation rank that fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from netopt.nccl.costmodel import Fabric, predict
+from netopt.nccl.model import Advice, TuneOptions
+
+__all__ = [
+    "POWERSGD_RANKS",
+    "TARGET_SHARE",
+    "TORCH_DEFAULT_NCCL_TIMEOUT_S",
+    "advise",
+    "step_comm_s",
+]
+
+TARGET_SHARE = 0.25
+"""Communication share of a step we aim to stay under."""
+POWERSGD_RANKS = (32, 16, 8, 4, 2, 1)
+TORCH_DEFAULT_NCCL_TIMEOUT_S = 600
+"""PyTorch's default init_process_group timeout for NCCL (10 minutes)."""
+NCCL_ALGORITHMS = ("ring", "tree")
+
+
+def _best_nccl_s(fabric: Fabric, size_bytes: int) -> float:
+    times = predict(fabric, size_bytes)
+    return min(times[a] for a in NCCL_ALGORITHMS)
+
+
+def step_comm_s(fabric: Fabric, grad_bytes: int, bucket_bytes: int) -> float:
+    """All-reduce time (s) of ``grad_bytes`` sent as DDP buckets of ``bucket_bytes``."""
+    if grad_bytes <= 0:
+        return 0.0
+    full, rest = divmod(grad_bytes, bucket_bytes)
+    total = full * _best_nccl_s(fabric, bucket_bytes)
+    return total + (_best_nccl_s(fabric, rest) if rest else 0.0)
+
+
+def _share(comm_s: float, compute_s: float) -> float:
+    return comm_s / (comm_s + compute_s) if comm_s + compute_s > 0 else 0.0
+
+
+def advise(
+    fabric: Fabric, options: TuneOptions, retry_window_s: float, max_outage_s: float
+) -> Advice:
+    """Advice for ``fabric``: timeout always, a hook when the model size and step time are given."""
+    grad_bytes = (options.params or 0) * options.grad_bytes_per_param
+    comm_s = step_comm_s(fabric, grad_bytes, options.bucket_bytes)
+    wanted = 2 * retry_window_s + 3 * max_outage_s + 20 * comm_s
+    timeout_s = max(TORCH_DEFAULT_NCCL_TIMEOUT_S, math.ceil(wanted / 60) * 60)
+    timeout_reason = (
+        f"timeout={timeout_s}s covers 2 x the {retry_window_s:.0f}s connect-retry window, "
+        f"3 x the longest outage seen ({max_outage_s:g}s) and 20 x a step's "
+        f"all-reduce ({comm_s:.2f}s); never below PyTorch's 600s default for NCCL"
+    )
+    if options.params is None or options.step_compute_ms is None:
+        return Advice(
+            timeout_s=timeout_s,
+            timeout_reason=timeout_reason,
+            hook="none",
+            hook_reason="no --params/--step-compute-ms given: cannot predict the comm share",
+        )
+    compute_s = options.step_compute_ms / 1000
+
+    def share_with(factor: float, allreduces: int = 1) -> float:
+        size = int(grad_bytes * factor / allreduces)
+        return _share(allreduces * step_comm_s(fabric, size, options.bucket_bytes), compute_s)
+
+    share = _share(comm_s, compute_s)
+    hook, rank, reason = _pick_hook(share, share_with, options.layer_dim)
+    return Advice(
+        timeout_s=timeout_s,
+        timeout_reason=timeout_reason,
+        hook=hook,
+        hook_reason=reason,
+        powersgd_rank=rank,
+        comm_share=share,
+    )
+
+
+def _pick_hook(
+    share: float, share_with: Callable[..., float], layer_dim: int
+) -> tuple[str, int | None, str]:
+    if share <= TARGET_SHARE:
+        return "none", None, f"communication is {share:.0%} of a step: no compression needed"
+    bf16 = share_with(0.5)
+    if bf16 <= TARGET_SHARE:
+        return (
+            "bf16_compress_hook",
+            None,
+            f"communication is {share:.0%} of a step; bf16 gradients bring it to {bf16:.0%}",
+        )
+    for rank in POWERSGD_RANKS:
+        # PowerSGD sends P and Q (two all-reduces) of about 2*rank/dim of each matrix.
+        compressed = share_with(min(1.0, 2 * rank / layer_dim), allreduces=2)
+        if compressed <= TARGET_SHARE:
+            return (
+                "powerSGD_hook",
+                rank,
+                f"communication is {share:.0%} of a step (bf16 still {bf16:.0%}); "
+                f"PowerSGD rank {rank} brings it to {compressed:.0%}",
+            )
+    lowest = share_with(min(1.0, 2 / layer_dim), allreduces=2)
+    return (
+        "powerSGD_hook",
+        1,
+        f"communication is {share:.0%} of a step; even PowerSGD rank 1 leaves {lowest:.0%}: "
+        f"the link bounds this job, consider fewer cross-region ranks",
+    )

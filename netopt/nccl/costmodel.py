@@ -1,0 +1,200 @@
+"""Alpha-beta cost model of all-reduce over measured links.
+
+Times are in seconds, sizes in bytes, rates in bit/s. ``alpha`` is the one-way
+latency of the slowest hop an algorithm waits on (RTT/2), ``rate`` the bottleneck
+rate a hop gets. For ``n`` ranks and a message of ``S`` bytes:
+
+- ring:  ``2(n-1)·alpha + 2(n-1)/n · S/rate``
+- tree:  ``2·log2(n)·alpha + 2·S/rate``
+- two-level: reduce-scatter inside each region, all-reduce of the shards across
+  regions (the ``m`` shard flows of a region share the cross-region link), then
+  all-gather inside the region.
+
+A hop's rate is ``min(link rate, flows x per-flow ceiling)``: a TCP flow gets at most
+``min(measured single-stream goodput, MSS/RTT x 1.22/sqrt(loss))`` (Mathis et al.;
+the loss term only for loss-based congestion control, not BBR),
+and NCCL's socket transport opens ``flows`` sockets per connection (Gloo opens one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from netopt.errors import ValidationError
+from netopt.nccl.model import LinkFigures, NodeInfo, Prediction
+
+__all__ = [
+    "MATHIS_C",
+    "Fabric",
+    "Hop",
+    "best_link",
+    "fabric_from_links",
+    "flow_ceiling_bps",
+    "predict",
+    "predict_table",
+    "ring_allreduce_s",
+    "tree_allreduce_s",
+    "two_level_allreduce_s",
+]
+
+MATHIS_C = 1.22
+"""The constant of the Mathis bound, sqrt(3/2) for periodic loss with delayed ACKs off."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One hop as the model sees it: one-way latency and usable rate."""
+
+    alpha_s: float
+    rate_bps: float
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The hops each algorithm waits on, for one set of nodes."""
+
+    n: int
+    ring: Hop
+    tree: Hop
+    region_sizes: tuple[int, ...]
+    local: Hop | None
+    wan: Hop | None
+    wan_link_bps: float | None
+
+
+def flow_ceiling_bps(link: LinkFigures, mss_bytes: int) -> float:
+    """The most one TCP flow gets on ``link``: min(single-stream, Mathis bound).
+
+    The Mathis bound applies to loss-based congestion control (reno, cubic); with
+    BBR the measured single-stream goodput alone is the ceiling.
+    """
+    measured = link.single_stream_mbps * 1e6
+    if link.loss_ratio <= 0 or link.rtt_ms <= 0 or not link.loss_based:
+        return measured
+    mathis = mss_bytes * 8 / (link.rtt_ms / 1000) * MATHIS_C / math.sqrt(link.loss_ratio)
+    return min(measured, mathis)
+
+
+def ring_allreduce_s(n: int, size_bytes: float, alpha_s: float, rate_bps: float) -> float:
+    """Ring all-reduce time: ``2(n-1)a + 2(n-1)/n * S/B``; 0 for one rank."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * size_bytes * 8 / rate_bps
+
+
+def tree_allreduce_s(n: int, size_bytes: float, alpha_s: float, rate_bps: float) -> float:
+    """Tree all-reduce time: ``2 log2(n) a + 2 S/B``; 0 for one rank."""
+    if n <= 1:
+        return 0.0
+    return 2 * math.log2(n) * alpha_s + 2 * size_bytes * 8 / rate_bps
+
+
+def two_level_allreduce_s(fabric: Fabric, size_bytes: float) -> float | None:
+    """Region-local reduce-scatter, cross-region all-reduce, region-local all-gather.
+
+    None when the nodes sit in a single region (the ring model applies).
+    """
+    if fabric.wan is None or fabric.wan_link_bps is None or len(fabric.region_sizes) < 2:
+        return None
+    regions = len(fabric.region_sizes)
+    local_ranks = max(fabric.region_sizes)
+    shard_ranks = min(fabric.region_sizes)
+    local = 0.0
+    if fabric.local is not None and local_ranks > 1:
+        # Reduce-scatter then all-gather: each is half a ring all-reduce.
+        local = ring_allreduce_s(
+            local_ranks, size_bytes, fabric.local.alpha_s, fabric.local.rate_bps
+        )
+    shard_rate = min(fabric.wan_link_bps / shard_ranks, fabric.wan.rate_bps)
+    cross = ring_allreduce_s(regions, size_bytes / shard_ranks, fabric.wan.alpha_s, shard_rate)
+    return local + cross
+
+
+def best_link(links: Sequence[LinkFigures], a: str, b: str) -> LinkFigures:
+    """The figures for the pair (highest link rate if several). ValidationError if none."""
+    wanted = frozenset((a, b))
+    found = [link for link in links if link.pair == wanted]
+    if not found:
+        raise ValidationError(f"no link figures for the pair {a} <-> {b}")
+    return max(found, key=lambda link: link.link_mbps)
+
+
+def _hop(link: LinkFigures, flows: int, mss_bytes: int) -> Hop:
+    rate = min(link.link_mbps * 1e6, flows * flow_ceiling_bps(link, mss_bytes))
+    return Hop(alpha_s=link.rtt_ms / 2000, rate_bps=rate)
+
+
+def _worst(hops: Sequence[Hop]) -> Hop:
+    return Hop(max(h.alpha_s for h in hops), min(h.rate_bps for h in hops))
+
+
+def fabric_from_links(
+    nodes: Sequence[NodeInfo], links: Sequence[LinkFigures], flows: int, mss_bytes: int = 1448
+) -> Fabric:
+    """Summarise the links among ``nodes`` into the hops each algorithm waits on.
+
+    The ring visits the nodes region by region (the order NCCL and Gloo get when
+    ranks are numbered that way). ``flows`` is the number of TCP flows per
+    connection. Raises ValidationError naming a pair without figures.
+    """
+    if len(nodes) < 2:
+        raise ValidationError("an all-reduce across nodes needs at least two nodes")
+    order = sorted(nodes, key=lambda n: [x.region for x in nodes].index(n.region))
+    pairs = {
+        (a.name, b.name): _hop(best_link(links, a.name, b.name), flows, mss_bytes)
+        for i, a in enumerate(order)
+        for b in order[i + 1 :]
+    }
+
+    def hop(a: str, b: str) -> Hop:
+        return pairs.get((a, b)) or pairs[(b, a)]
+
+    ring = _worst([hop(order[i].name, order[(i + 1) % len(order)].name) for i in range(len(order))])
+    tree = _worst(list(pairs.values()))
+    regions: dict[str, list[str]] = {}
+    for node in order:
+        regions.setdefault(node.region, []).append(node.name)
+    local_hops = [
+        hop(a, b) for names in regions.values() for i, a in enumerate(names) for b in names[i + 1 :]
+    ]
+    wan_pairs = [(a, b) for (a, b) in pairs if _region(order, a) != _region(order, b)]
+    wan = _worst([hop(a, b) for a, b in wan_pairs]) if wan_pairs else None
+    wan_link = (
+        min(best_link(links, a, b).link_mbps * 1e6 for a, b in wan_pairs) if wan_pairs else None
+    )
+    return Fabric(
+        n=len(order),
+        ring=ring,
+        tree=tree,
+        region_sizes=tuple(len(v) for v in regions.values()),
+        local=_worst(local_hops) if local_hops else None,
+        wan=wan,
+        wan_link_bps=wan_link,
+    )
+
+
+def _region(nodes: Sequence[NodeInfo], name: str) -> str:
+    return next(n.region for n in nodes if n.name == name)
+
+
+def predict(fabric: Fabric, size_bytes: int) -> dict[str, float]:
+    """Predicted all-reduce time (s) per algorithm: ring, tree, and two-level if it applies."""
+    times = {
+        "ring": ring_allreduce_s(fabric.n, size_bytes, fabric.ring.alpha_s, fabric.ring.rate_bps),
+        "tree": tree_allreduce_s(fabric.n, size_bytes, fabric.tree.alpha_s, fabric.tree.rate_bps),
+    }
+    two_level = two_level_allreduce_s(fabric, size_bytes)
+    if two_level is not None:
+        times["two-level"] = two_level
+    return times
+
+
+def predict_table(fabric: Fabric, sizes_bytes: Sequence[int]) -> tuple[Prediction, ...]:
+    """``predict`` for every size, as rows."""
+    return tuple(
+        Prediction(algorithm, size, time_s)
+        for size in sizes_bytes
+        for algorithm, time_s in predict(fabric, size).items()
+    )

@@ -1,0 +1,12 @@
+"""PyTorch integration (the ``torch`` extra). Nothing here imports torch at import time.
+
+- :func:`apply_comm_hook` / :func:`apply_advice`: register the DDP communication
+  hook ``netopt nccl-env`` advised on a ``DistributedDataParallel`` model.
+- :mod:`netopt.torch.bench`: the all-reduce benchmark behind ``netopt bench allreduce``.
+"""
+
+from __future__ import annotations
+
+from netopt.torch.hooks import HOOKS, AppliedHook, apply_advice, apply_comm_hook, import_torch
+
+__all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]

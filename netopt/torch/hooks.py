@@ -1,0 +1,111 @@
+"""Apply the advised DDP communication hook to a ``DistributedDataParallel`` model."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from netopt.errors import DependencyError, ValidationError
+from netopt.nccl.model import Advice
+
+__all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
+
+HOOKS = ("none", "bf16_compress_hook", "powerSGD_hook")
+_HOOKS_PKG = "torch.distributed.algorithms.ddp_comm_hooks"
+
+
+@dataclass(frozen=True)
+class AppliedHook:
+    """What was registered: the hook's name, its state, and why if it differs from advice."""
+
+    name: str
+    state: Any = None
+    note: str = ""
+
+
+def import_torch() -> ModuleType:
+    """Import torch, or raise DependencyError naming the extra to install.
+
+    torch warns at import when numpy is missing; that warning is not ours to
+    raise, so it is silenced here.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+            torch = importlib.import_module("torch")
+            importlib.import_module("torch.distributed")
+    except ImportError as exc:
+        raise DependencyError(f"PyTorch is needed: pip install 'netopt[torch]' ({exc})") from None
+    return torch
+
+
+def _bf16_works(torch: ModuleType, process_group: Any) -> bool:
+    """PyTorch's bf16 hook needs CUDA and NCCL (it refuses Gloo on CPU)."""
+    backend = str(torch.distributed.get_backend(process_group)).lower()
+    return bool(torch.cuda.is_available()) and backend == "nccl"
+
+
+def apply_comm_hook(
+    model: Any,
+    hook: str,
+    *,
+    powersgd_rank: int | None = None,
+    process_group: Any = None,
+    start_powersgd_iter: int = 1000,
+) -> AppliedHook:
+    """Register ``hook`` (one of HOOKS) on ``model``, a DistributedDataParallel.
+
+    ``bf16_compress_hook`` becomes ``fp16_compress_hook`` (the same bytes on the
+    wire) where PyTorch cannot run bf16 (no CUDA or not NCCL); the note says so.
+    For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
+    Raises ValidationError for another model type, an unknown hook or a missing
+    PowerSGD rank; DependencyError without torch (or numpy, which PowerSGD needs).
+    """
+    torch = import_torch()
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise ValidationError(f"expected a DistributedDataParallel model, got {type(model)!r}")
+    if hook not in HOOKS:
+        raise ValidationError(
+            f"unknown DDP comm hook {hook!r} (expected one of {', '.join(HOOKS)})"
+        )
+    if hook == "none":
+        return AppliedHook("none")
+    default_hooks = importlib.import_module(f"{_HOOKS_PKG}.default_hooks")
+    if hook == "bf16_compress_hook":
+        if _bf16_works(torch, process_group):
+            model.register_comm_hook(process_group, default_hooks.bf16_compress_hook)
+            return AppliedHook(hook, process_group)
+        model.register_comm_hook(process_group, default_hooks.fp16_compress_hook)
+        note = "bf16 needs CUDA and NCCL here: fp16_compress_hook sends the same bytes"
+        return AppliedHook("fp16_compress_hook", process_group, note)
+    if powersgd_rank is None or powersgd_rank < 1:
+        raise ValidationError(f"PowerSGD needs a rank >= 1, got {powersgd_rank}")
+    try:
+        powersgd = importlib.import_module(f"{_HOOKS_PKG}.powerSGD_hook")
+        state = powersgd.PowerSGDState(
+            process_group=process_group,
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=start_powersgd_iter,
+        )
+    except ImportError as exc:
+        raise DependencyError(
+            f"PowerSGD needs numpy: pip install 'netopt[torch]' ({exc})"
+        ) from None
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    return AppliedHook(hook, state)
+
+
+def apply_advice(
+    model: Any, advice: Advice, *, process_group: Any = None, start_powersgd_iter: int = 1000
+) -> AppliedHook:
+    """Register the hook ``advice`` names (see :func:`apply_comm_hook`)."""
+    return apply_comm_hook(
+        model,
+        advice.hook,
+        powersgd_rank=advice.powersgd_rank,
+        process_group=process_group,
+        start_powersgd_iter=start_powersgd_iter,
+    )

@@ -1,0 +1,231 @@
+"""A dataset's manifest: its files as sequences of content-defined, BLAKE3-named chunks.
+
+A manifest travels from a server to clients, so everything in it is validated
+when it is parsed: file paths must stay inside the destination (no ``..``, no
+absolute paths, no NUL or backslash, no empty or ``.`` components), chunk names
+must be 64 hex digits, and each file's chunks must tile it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from netopt.chunking import DEFAULT_AVG_CHUNK_BYTES, ChunkRef, chunk_file
+from netopt.errors import PathTraversalError, ProtocolError, StorageError, ValidationError
+
+__all__ = [
+    "CHUNK_ID_RE",
+    "STATE_DIR_NAME",
+    "FileEntry",
+    "Manifest",
+    "build_manifest",
+    "manifest_from_dict",
+    "manifest_to_dict",
+    "validate_chunk_id",
+    "validate_rel_path",
+]
+
+CHUNK_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+STATE_DIR_NAME = ".netopt-sync"
+"""Hidden directory under a sync destination that holds resume state; never served."""
+
+_MAX_PATH_CHARS = 4096
+_MAX_COMPONENT_CHARS = 255
+
+
+def validate_rel_path(path: object) -> str:
+    """Return ``path`` if it is a safe relative POSIX path inside its root.
+
+    Raises PathTraversalError for absolute paths, ``..``, ``.`` or empty components,
+    NUL or other control characters, backslashes, the reserved state directory,
+    or over-long names.
+    """
+    if not isinstance(path, str) or not path:
+        raise PathTraversalError(f"empty or non-string path {path!r}")
+    if len(path) > _MAX_PATH_CHARS:
+        raise PathTraversalError(f"path is longer than {_MAX_PATH_CHARS} characters")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in path):
+        raise PathTraversalError(f"path {path!r} contains NUL or a control character")
+    if "\\" in path:
+        raise PathTraversalError(f"path {path!r} contains a backslash")
+    if path.startswith("/"):
+        raise PathTraversalError(f"path {path!r} is absolute")
+    parts = path.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise PathTraversalError(f"path {path!r} has an empty, '.' or '..' component")
+        if len(part) > _MAX_COMPONENT_CHARS:
+            raise PathTraversalError(f"path {path!r} has a component over 255 characters")
+    if parts[0] == STATE_DIR_NAME:
+        raise PathTraversalError(f"path {path!r} is inside the reserved {STATE_DIR_NAME}/")
+    return path
+
+
+def validate_chunk_id(value: object) -> str:
+    """Return ``value`` if it is a BLAKE3 hex name; raise PathTraversalError otherwise."""
+    if not isinstance(value, str) or not CHUNK_ID_RE.match(value):
+        raise PathTraversalError(f"chunk name {value!r} is not 64 lowercase hex digits")
+    return value
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One regular file of a dataset."""
+
+    path: str
+    size_bytes: int
+    mode: int
+    mtime_ns: int
+    chunks: tuple[ChunkRef, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A dataset version: its name and its files, in path order."""
+
+    name: str
+    files: tuple[FileEntry, ...]
+    avg_chunk_bytes: int = DEFAULT_AVG_CHUNK_BYTES
+
+    @property
+    def total_bytes(self) -> int:
+        """Logical size of all files."""
+        return sum(f.size_bytes for f in self.files)
+
+    def unique_chunks(self) -> dict[str, int]:
+        """Chunk name -> length, each chunk once, in first-use order."""
+        out: dict[str, int] = {}
+        for entry in self.files:
+            for ref in entry.chunks:
+                out.setdefault(ref.chunk_id, ref.length_bytes)
+        return out
+
+    @property
+    def manifest_id(self) -> str:
+        """BLAKE3 of the canonical JSON form: names this exact dataset version."""
+        text = json.dumps(manifest_to_dict(self), sort_keys=True, separators=(",", ":"))
+        return blake3.blake3(text.encode()).hexdigest()
+
+
+def _walk_files(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d != STATE_DIR_NAME]
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield here / name
+
+
+def build_manifest(
+    root: str | os.PathLike[str], name: str, avg_chunk_bytes: int = DEFAULT_AVG_CHUNK_BYTES
+) -> Manifest:
+    """Chunk every regular file under ``root`` (symlinks and special files are skipped).
+
+    Raises StorageError when ``root`` is not a readable directory, and
+    PathTraversalError for a file name that could not be served safely.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        raise StorageError(f"{root} is not a directory")
+    files: list[FileEntry] = []
+    try:
+        for path in _walk_files(base):
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            rel = validate_rel_path(path.relative_to(base).as_posix())
+            chunks = tuple(chunk_file(path, avg_chunk_bytes))
+            files.append(
+                FileEntry(rel, st.st_size, stat.S_IMODE(st.st_mode) & 0o777, st.st_mtime_ns, chunks)
+            )
+    except OSError as exc:
+        raise StorageError(f"cannot read {root}: {exc}") from exc
+    return Manifest(name=name, files=tuple(files), avg_chunk_bytes=avg_chunk_bytes)
+
+
+def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as JSON-able data."""
+    return {
+        "name": manifest.name,
+        "avg_chunk_bytes": manifest.avg_chunk_bytes,
+        "files": [
+            {
+                "path": f.path,
+                "size_bytes": f.size_bytes,
+                "mode": f.mode,
+                "mtime_ns": f.mtime_ns,
+                "chunks": [[c.chunk_id, c.length_bytes] for c in f.chunks],
+            }
+            for f in manifest.files
+        ],
+    }
+
+
+def _int(value: object, what: str, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ProtocolError(f"manifest: {what} is not an integer >= {minimum}: {value!r}")
+    return value
+
+
+def _file_from_dict(raw: object) -> FileEntry:
+    if not isinstance(raw, Mapping):
+        raise ProtocolError("manifest: a file entry is not an object")
+    path = validate_rel_path(raw.get("path"))
+    size = _int(raw.get("size_bytes"), f"{path}: size_bytes")
+    chunks: list[ChunkRef] = []
+    offset = 0
+    raw_chunks = raw.get("chunks")
+    if not isinstance(raw_chunks, list):
+        raise ProtocolError(f"manifest: {path}: chunks is not a list")
+    for item in raw_chunks:
+        if not isinstance(item, list) or len(item) != 2:
+            raise ProtocolError(f"manifest: {path}: a chunk is not [name, length]")
+        cid = validate_chunk_id(item[0])
+        length = _int(item[1], f"{path}: chunk length", 1)
+        chunks.append(ChunkRef(offset, length, cid))
+        offset += length
+    if offset != size:
+        raise ProtocolError(f"manifest: {path}: chunks cover {offset} bytes, size is {size}")
+    mode = _int(raw.get("mode", 0o644), f"{path}: mode") & 0o777
+    return FileEntry(
+        path, size, mode, _int(raw.get("mtime_ns", 0), f"{path}: mtime_ns"), tuple(chunks)
+    )
+
+
+def manifest_from_dict(data: object) -> Manifest:
+    """Parse and validate a manifest received from a peer.
+
+    Raises PathTraversalError for unsafe file or chunk names, ValidationError for
+    duplicate paths or a file that is also a directory, ProtocolError for any
+    other malformed content.
+    """
+    if not isinstance(data, Mapping):
+        raise ProtocolError("manifest is not a JSON object")
+    name = data.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError("manifest: name is not a string")
+    raw_files = data.get("files")
+    if not isinstance(raw_files, list):
+        raise ProtocolError("manifest: files is not a list")
+    files = tuple(_file_from_dict(raw) for raw in raw_files)
+    seen: set[str] = set()
+    for entry in files:
+        if entry.path in seen:
+            raise ValidationError(f"manifest: {entry.path} is listed twice")
+        seen.add(entry.path)
+    dirs = {"/".join(f.path.split("/")[:i]) for f in files for i in range(1, f.path.count("/") + 1)}
+    clash = seen & dirs
+    if clash:
+        raise ValidationError(f"manifest: {sorted(clash)[0]} is both a file and a directory")
+    avg = _int(data.get("avg_chunk_bytes", DEFAULT_AVG_CHUNK_BYTES), "avg_chunk_bytes", 1)
+    return Manifest(name=name, files=files, avg_chunk_bytes=avg)

@@ -1,0 +1,295 @@
+"""The transfer planner: codec, chunk size and parallel streams for one transfer.
+
+Pure: `plan_transfer` takes frozen dataclasses (what the link does, how the data
+compresses, how fast this node's CPUs and disks are) and returns a frozen
+`TransferPlan`. It opens nothing and reads no clock, so the coordinator can
+compute plans for any pair of nodes and tests can check every decision.
+
+The model, in logical (uncompressed) bits per second:
+
+    throughput(level) = min(cores x compress(level), cores x decompress(level),   [x CPU_SHARE]
+                            wire_rate x ratio(level), disk, hashing)
+
+where ``wire_rate`` is what the streams can carry: the link's goodput, or
+less when ``streams x per-flow ceiling`` is lower. The per-flow ceiling is
+congestion-control aware: loss-based TCP (cubic, reno) follows the Mathis
+bound ``MSS / RTT x 1.22 / sqrt(p)``; BBR mostly ignores random loss and is
+limited by the receive window over the RTT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "MIN_USEFUL_RATIO",
+    "Bottleneck",
+    "CongestionControl",
+    "CpuProfile",
+    "LinkProfile",
+    "SampleProfile",
+    "TransferPlan",
+    "per_flow_ceiling_bps",
+    "plan_transfer",
+]
+
+CongestionControl = Literal["bbr", "cubic", "reno"]
+Bottleneck = Literal["link", "cpu", "disk"]
+
+MIN_USEFUL_RATIO = 1.05
+"""Below this compression ratio the CPU spent is not worth the bytes saved."""
+
+HEADER_EFFICIENCY = 0.95
+"""TCP/IP goodput over the line rate at a 1500-byte MTU (1448 / 1538 ~ 0.94-0.96)."""
+
+BBR_LINK_SHARE = 0.9
+"""What BBR sustains on a lossy link with a few streams (LAB.md: ~0.9 of the link)."""
+
+CPU_SHARE = 0.5
+"""Share of each core the codec may count on: hashing, TCP and disk I/O need the rest."""
+
+MIN_CHUNK_BYTES = 256 * 1024
+MAX_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """A path between two nodes, as measured (or as configured in the lab)."""
+
+    rate_bps: float
+    rtt_ms: float
+    loss_ratio: float = 0.0
+    congestion_control: CongestionControl = "bbr"
+    mss_bytes: int = 1448
+    max_window_bytes: int = 6 * 1024 * 1024
+    single_stream_bps: float | None = None
+    """A measured single-stream throughput; caps the modelled per-flow ceiling."""
+
+    def __post_init__(self) -> None:
+        if self.rate_bps <= 0:
+            raise ValueError(f"rate_bps must be > 0, got {self.rate_bps}")
+        if self.rtt_ms <= 0:
+            raise ValueError(f"rtt_ms must be > 0, got {self.rtt_ms}")
+        if not 0 <= self.loss_ratio < 1:
+            raise ValueError(f"loss_ratio must be in [0, 1), got {self.loss_ratio}")
+
+    @property
+    def bdp_bytes(self) -> float:
+        """Bandwidth-delay product: the bytes in flight that fill the link."""
+        return self.rate_bps / 8 * self.rtt_ms / 1000
+
+
+@dataclass(frozen=True)
+class SampleProfile:
+    """How a sample of the data compresses: zstd level -> ratio (raw / compressed)."""
+
+    ratio_by_level: Mapping[int, float]
+    sample_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    """This node's codec and disk speeds, in bytes of logical data per second per core."""
+
+    cores: int
+    compress_bytes_per_s: Mapping[int, float]
+    decompress_bytes_per_s: Mapping[int, float]
+    hash_bytes_per_s: float = 3.0e9
+    disk_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """What to do for one transfer, and what it is expected to achieve.
+
+    ``zstd_level`` is None when compression is off. Rates are in bits per second
+    of logical (uncompressed) data unless named ``wire``.
+    """
+
+    codec: Literal["none", "zstd"]
+    zstd_level: int | None
+    expected_ratio: float
+    chunk_size_bytes: int
+    streams: int
+    per_flow_ceiling_bps: float
+    wire_rate_bps: float
+    logical_rate_bps: float
+    predicted_time_s: float
+    bottleneck: Bottleneck
+    reasons: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, object]:
+        """The plan as JSON-able data."""
+        return {
+            "codec": self.codec,
+            "zstd_level": self.zstd_level,
+            "expected_ratio": round(self.expected_ratio, 3),
+            "chunk_size_bytes": self.chunk_size_bytes,
+            "streams": self.streams,
+            "per_flow_ceiling_bps": round(self.per_flow_ceiling_bps),
+            "wire_rate_bps": round(self.wire_rate_bps),
+            "logical_rate_bps": round(self.logical_rate_bps),
+            "predicted_time_s": round(self.predicted_time_s, 3),
+            "bottleneck": self.bottleneck,
+            "reasons": list(self.reasons),
+        }
+
+
+def per_flow_ceiling_bps(link: LinkProfile) -> float:
+    """What one TCP flow can carry on ``link``, in bits per second.
+
+    Loss-based congestion control: the Mathis bound MSS/RTT x 1.22/sqrt(p),
+    capped by the window limit. BBR: a share of the link rate, capped by the window
+    limit. A measured ``single_stream_bps`` caps either.
+    """
+    rtt_s = link.rtt_ms / 1000
+    window_bps = link.max_window_bytes * 8 / rtt_s
+    if link.congestion_control == "bbr":
+        ceiling = min(link.rate_bps * BBR_LINK_SHARE, window_bps)
+    elif link.loss_ratio > 0:
+        mathis_bps = link.mss_bytes * 8 / rtt_s * 1.22 / math.sqrt(link.loss_ratio)
+        ceiling = min(mathis_bps, window_bps)
+    else:
+        ceiling = window_bps
+    if link.single_stream_bps is not None:
+        ceiling = min(ceiling, link.single_stream_bps)
+    return min(ceiling, link.rate_bps * HEADER_EFFICIENCY)
+
+
+def _streams_wire_bps(
+    streams: int, flow_bps: float, chunk_wire_bytes: float, rtt_s: float, link_bps: float
+) -> float:
+    """What ``streams`` request-response streams carry: each idles one RTT per chunk."""
+    per_chunk_s = chunk_wire_bytes * 8 / flow_bps + rtt_s
+    return min(link_bps, streams * chunk_wire_bytes * 8 / per_chunk_s)
+
+
+def _choose_chunk_bytes(size_bytes: int, link: LinkProfile, flow_bps: float) -> int:
+    # One chunk should take a flow at least about one RTT to send, so the request
+    # gap (one RTT per chunk) costs at most about half of each flow's time.
+    per_flow_bdp = flow_bps / 8 * link.rtt_ms / 1000
+    chunk = MIN_CHUNK_BYTES
+    while chunk < per_flow_bdp and chunk < MAX_CHUNK_BYTES:
+        chunk *= 2
+    return chunk if size_bytes >= chunk else max(MIN_CHUNK_BYTES, min(chunk, size_bytes))
+
+
+def _choose_streams(
+    link: LinkProfile, flow_bps: float, chunk_wire_bytes: float, max_streams: int
+) -> int:
+    link_bps = link.rate_bps * HEADER_EFFICIENCY
+    rtt_s = link.rtt_ms / 1000
+    # BBR reaches ~0.9 of the link with a few flows, and a few flows hide request gaps.
+    floor = 4 if link.congestion_control == "bbr" else 1
+    for streams in range(1, max_streams + 1):
+        carried = _streams_wire_bps(streams, flow_bps, chunk_wire_bytes, rtt_s, link_bps)
+        if carried >= 0.97 * link_bps * (BBR_LINK_SHARE if floor > 1 else 1.0):
+            return min(max(streams, floor), max_streams)
+    return max_streams
+
+
+def _level_rate_bps(
+    level: int, ratio: float, wire_bps: float, cpu: CpuProfile
+) -> tuple[float, Bottleneck]:
+    limits: list[tuple[float, Bottleneck]] = [(wire_bps * ratio, "link")]
+    if level > 0:
+        compress = cpu.compress_bytes_per_s.get(level)
+        decompress = cpu.decompress_bytes_per_s.get(level)
+        if compress is None or decompress is None:
+            return 0.0, "cpu"
+        limits.append((cpu.cores * CPU_SHARE * compress * 8, "cpu"))
+        limits.append((cpu.cores * CPU_SHARE * decompress * 8, "cpu"))
+    limits.append((cpu.cores * cpu.hash_bytes_per_s * 8, "cpu"))
+    if cpu.disk_bytes_per_s is not None:
+        limits.append((cpu.disk_bytes_per_s * 8, "disk"))
+    return min(limits, key=lambda item: item[0])
+
+
+def plan_transfer(
+    size_bytes: int,
+    sample_profile: SampleProfile,
+    link: LinkProfile,
+    cpu_profile: CpuProfile,
+    *,
+    max_streams: int = 64,
+) -> TransferPlan:
+    """Plan moving ``size_bytes`` of data like ``sample_profile`` over ``link``.
+
+    Compression: the zstd level with the highest modelled logical throughput,
+    or none when no level's sampled ratio reaches `MIN_USEFUL_RATIO` (or none
+    beats sending raw). Streams: enough request-response flows at the per-flow
+    ceiling to fill the link (at most ``max_streams``). Chunk size: a power of
+    two near one flow's bandwidth-delay product (256 KiB to 8 MiB).
+
+    Raises ValueError for a negative size or ``max_streams`` < 1.
+    """
+    if size_bytes < 0:
+        raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
+    if max_streams < 1:
+        raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+    reasons: list[str] = []
+    flow_bps = per_flow_ceiling_bps(link)
+    reasons.append(
+        f"per-flow ceiling {flow_bps / 1e6:.1f} Mbit/s ({link.congestion_control}, "
+        f"rtt {link.rtt_ms:g} ms, loss {link.loss_ratio:g})"
+    )
+    chunk_bytes = _choose_chunk_bytes(size_bytes, link, flow_bps)
+
+    candidates: list[tuple[float, int, float, int, float, Bottleneck]] = []
+    usable = {lvl: r for lvl, r in sample_profile.ratio_by_level.items() if lvl > 0}
+    if usable and max(usable.values()) < MIN_USEFUL_RATIO:
+        reasons.append(
+            f"compression off: best sampled ratio {max(usable.values()):.2f} < {MIN_USEFUL_RATIO}"
+        )
+        usable = {}
+    link_bps = link.rate_bps * HEADER_EFFICIENCY
+    rtt_s = link.rtt_ms / 1000
+    for level, ratio in sorted({0: 1.0, **usable}.items()):
+        if level > 0 and ratio < MIN_USEFUL_RATIO:
+            continue
+        streams = _choose_streams(link, flow_bps, chunk_bytes / ratio, max_streams)
+        wire_bps = _streams_wire_bps(streams, flow_bps, chunk_bytes / ratio, rtt_s, link_bps)
+        if link.congestion_control == "bbr":
+            wire_bps = min(wire_bps, link.rate_bps * BBR_LINK_SHARE)
+        rate_bps, bottleneck = _level_rate_bps(level, ratio, wire_bps, cpu_profile)
+        candidates.append((rate_bps, level, ratio, streams, wire_bps, bottleneck))
+
+    # Highest throughput wins; a level must beat the next-lower one by 2% to be worth it.
+    best = candidates[0]
+    for cand in candidates[1:]:
+        if cand[0] > best[0] * 1.02:
+            best = cand
+    rate_bps, level, ratio, streams, wire_bps, bottleneck = best
+    if level > 0:
+        reasons.append(f"zstd level {level}: sampled ratio {ratio:.2f}")
+    elif usable:
+        reasons.append("compression off: no level beats sending raw bytes")
+    reasons.append(f"{streams} streams of {chunk_bytes // 1024} KiB chunks")
+    reasons.append(f"bottleneck {bottleneck}: {rate_bps / 1e6:.1f} Mbit/s logical")
+    predicted_s = _predict_time_s(size_bytes, rate_bps, link, wire_bps)
+    return TransferPlan(
+        codec="zstd" if level > 0 else "none",
+        zstd_level=level if level > 0 else None,
+        expected_ratio=ratio,
+        chunk_size_bytes=chunk_bytes,
+        streams=streams,
+        per_flow_ceiling_bps=flow_bps,
+        wire_rate_bps=wire_bps,
+        logical_rate_bps=rate_bps,
+        predicted_time_s=predicted_s,
+        bottleneck=bottleneck,
+        reasons=tuple(reasons),
+    )
+
+
+def _predict_time_s(size_bytes: int, rate_bps: float, link: LinkProfile, wire_bps: float) -> float:
+    rtt_s = link.rtt_ms / 1000
+    # Setup: connect, manifest and info requests (about 3 RTTs), then slow start
+    # doubles each flow's window from ~10 segments until it reaches its share.
+    share_bytes = max(wire_bps / 8 * rtt_s, 1.0)
+    ramp_rtts = max(0.0, math.log2(share_bytes / (10 * link.mss_bytes)))
+    setup_s = 3 * rtt_s + ramp_rtts * rtt_s / 2
+    return setup_s + (size_bytes * 8 / rate_bps if rate_bps > 0 else math.inf)

@@ -1,0 +1,223 @@
+"""Measure the planner's inputs: how data compresses, and how fast this node's codecs run.
+
+`sample_file` reads a few slices of a file and compresses them at each zstd level.
+`calibrate_codecs` times zstd and BLAKE3 on this node; `load_cpu_profile` does it
+once and caches the result as JSON (``~/.cache/netopt/codec.json`` unless
+``NETOPT_CODEC_CACHE`` or the ``path`` argument says otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import blake3
+import zstandard
+
+from netopt.errors import StorageError
+from netopt.transfer.planner import CpuProfile, SampleProfile
+
+__all__ = [
+    "DEFAULT_LEVELS",
+    "calibrate_codecs",
+    "cpu_profile_from_dict",
+    "cpu_profile_to_dict",
+    "default_codec_cache_path",
+    "load_cpu_profile",
+    "sample_bytes",
+    "sample_file",
+    "sample_files",
+]
+
+DEFAULT_LEVELS: tuple[int, ...] = (1, 3, 6, 9)
+_SLICE_BYTES = 1024 * 1024
+_CACHE_VERSION = 2
+
+
+def sample_bytes(pieces: Iterable[bytes], levels: Sequence[int] = DEFAULT_LEVELS) -> SampleProfile:
+    """Compress each piece separately (as chunks are) at each level: the ratio per level."""
+    data = [p for p in pieces if p]
+    raw = sum(len(p) for p in data)
+    ratios: dict[int, float] = {}
+    for level in levels:
+        compressor = zstandard.ZstdCompressor(level=level)
+        packed = sum(len(compressor.compress(p)) for p in data)
+        ratios[level] = raw / packed if packed else 1.0
+    return SampleProfile(ratio_by_level=ratios, sample_bytes=raw)
+
+
+def _slices(path: Path, budget_bytes: int) -> list[bytes]:
+    size = path.stat().st_size
+    count = max(1, min(budget_bytes // _SLICE_BYTES, -(-size // _SLICE_BYTES)))
+    step = max(size // count, 1)
+    out: list[bytes] = []
+    with path.open("rb") as f:
+        for i in range(count):
+            f.seek(min(i * step, max(size - _SLICE_BYTES, 0)))
+            out.append(f.read(_SLICE_BYTES))
+    return out
+
+
+def sample_file(
+    path: str | os.PathLike[str],
+    levels: Sequence[int] = DEFAULT_LEVELS,
+    budget_bytes: int = 8 * 1024 * 1024,
+) -> SampleProfile:
+    """Sample up to ``budget_bytes`` of ``path`` in 1 MiB slices spread over the file.
+
+    Raises StorageError when the file cannot be read.
+    """
+    return sample_files([path], levels, budget_bytes)
+
+
+def sample_files(
+    paths: Sequence[str | os.PathLike[str]],
+    levels: Sequence[int] = DEFAULT_LEVELS,
+    budget_bytes: int = 8 * 1024 * 1024,
+) -> SampleProfile:
+    """Sample a set of files, sharing ``budget_bytes`` between them (largest first).
+
+    Raises StorageError when a file cannot be read.
+    """
+    pieces: list[bytes] = []
+    ordered = sorted((Path(p) for p in paths), key=lambda p: -p.stat().st_size)
+    per_file = max(_SLICE_BYTES, budget_bytes // max(1, min(len(ordered), 8)))
+    try:
+        for path in ordered:
+            if sum(len(p) for p in pieces) >= budget_bytes:
+                break
+            pieces.extend(_slices(path, per_file))
+    except OSError as exc:
+        raise StorageError(f"cannot read sample: {exc}") from exc
+    return sample_bytes(pieces, levels)
+
+
+def _calibration_corpus(size_bytes: int) -> bytes:
+    # JSON-lines-like text: codec speed depends on the data, and only compressible
+    # data is ever compressed (the sample turns compression off for the rest).
+    # Random data would flatter the codec: zstd skips over it several times faster.
+    rng = random.Random(7)
+    words = [f"{rng.choice('abcdefghij')}{rng.randrange(20000)}" for _ in range(20000)]
+    lines: list[str] = []
+    total = 0
+    while total < size_bytes:
+        line = json.dumps(
+            {
+                "id": total,
+                "user": f"u{rng.randrange(10**6)}",
+                "text": " ".join(rng.choices(words, k=rng.randrange(10, 40))),
+                "score": round(rng.random(), 4),
+            }
+        )
+        lines.append(line)
+        total += len(line) + 1
+    return ("\n".join(lines) + "\n").encode()[:size_bytes]
+
+
+def calibrate_codecs(
+    levels: Sequence[int] = DEFAULT_LEVELS, corpus_bytes: int = 4 * 1024 * 1024
+) -> CpuProfile:
+    """Time zstd (per level) and BLAKE3 on one core, 1 MiB chunks of text (about 1 s)."""
+    corpus = _calibration_corpus(corpus_bytes)
+    chunks = [corpus[i : i + _SLICE_BYTES] for i in range(0, len(corpus), _SLICE_BYTES)]
+    compress: dict[int, float] = {}
+    decompress: dict[int, float] = {}
+    dctx = zstandard.ZstdDecompressor()
+    for level in levels:
+        cctx = zstandard.ZstdCompressor(level=level)
+        start = time.perf_counter()
+        frames = [cctx.compress(c) for c in chunks]
+        compress[level] = len(corpus) / max(time.perf_counter() - start, 1e-9)
+        start = time.perf_counter()
+        for frame in frames:
+            dctx.decompress(frame)
+        decompress[level] = len(corpus) / max(time.perf_counter() - start, 1e-9)
+    start = time.perf_counter()
+    for c in chunks:
+        blake3.blake3(c).digest()
+    hash_rate = len(corpus) / max(time.perf_counter() - start, 1e-9)
+    return CpuProfile(
+        cores=os.cpu_count() or 1,
+        compress_bytes_per_s=compress,
+        decompress_bytes_per_s=decompress,
+        hash_bytes_per_s=hash_rate,
+    )
+
+
+def default_codec_cache_path() -> Path:
+    """``$NETOPT_CODEC_CACHE``, else ``$XDG_CACHE_HOME/netopt/codec.json`` (~/.cache)."""
+    override = os.environ.get("NETOPT_CODEC_CACHE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "netopt" / "codec.json"
+
+
+def cpu_profile_to_dict(profile: CpuProfile) -> dict[str, object]:
+    """A CpuProfile as JSON-able data (level keys as strings)."""
+    return {
+        "version": _CACHE_VERSION,
+        "cores": profile.cores,
+        "compress_bytes_per_s": {str(k): v for k, v in profile.compress_bytes_per_s.items()},
+        "decompress_bytes_per_s": {str(k): v for k, v in profile.decompress_bytes_per_s.items()},
+        "hash_bytes_per_s": profile.hash_bytes_per_s,
+    }
+
+
+def cpu_profile_from_dict(data: dict[str, object]) -> CpuProfile:
+    """Parse `cpu_profile_to_dict` output; raises ValueError/TypeError/KeyError if malformed."""
+
+    def levels(key: str) -> dict[int, float]:
+        raw = data[key]
+        if not isinstance(raw, dict):
+            raise TypeError(f"{key} is not a mapping")
+        return {int(k): float(v) for k, v in raw.items()}
+
+    cores = data["cores"]
+    hash_rate = data["hash_bytes_per_s"]
+    if not isinstance(cores, int) or not isinstance(hash_rate, int | float):
+        raise TypeError("cores / hash_bytes_per_s have the wrong type")
+    return CpuProfile(
+        cores=cores,
+        compress_bytes_per_s=levels("compress_bytes_per_s"),
+        decompress_bytes_per_s=levels("decompress_bytes_per_s"),
+        hash_bytes_per_s=float(hash_rate),
+    )
+
+
+def load_cpu_profile(
+    path: str | os.PathLike[str] | None = None, levels: Sequence[int] = DEFAULT_LEVELS
+) -> CpuProfile:
+    """This node's codec speeds: from the cache file, or calibrated now and cached.
+
+    A cache that is unreadable, malformed, from another core count or missing a
+    level is recalibrated. Failing to write the cache is not an error (the
+    profile is still returned).
+    """
+    cache = Path(path) if path is not None else default_codec_cache_path()
+    try:
+        loaded = json.loads(cache.read_text())
+        if loaded.get("version") == _CACHE_VERSION:
+            profile = cpu_profile_from_dict(loaded)
+            if profile.cores == (os.cpu_count() or 1) and all(
+                lvl in profile.compress_bytes_per_s for lvl in levels
+            ):
+                return profile
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    profile = calibrate_codecs(levels)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        with tmp.open("w") as f:
+            json.dump(cpu_profile_to_dict(profile), f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return profile

@@ -1,0 +1,283 @@
+"""Ingest load on the coordinator: simulated agents posting summary batches on loopback.
+
+Starts ``python -m netopt coordinator`` as a subprocess (pinned to one core when
+the machine has two or more; the load generator runs on another), registers
+``--agents`` agents, then every agent posts one batch of
+``--summaries-per-batch`` link summaries every ``--interval-s`` seconds (random
+phase), each agent over its own keep-alive connection, for ``--duration-s``.
+
+Reports ingest latency (client side, request sent to answer read) p50/p90/p99/
+max, the achieved rate, errors, the coordinator's CPU (utime+stime from
+/proc/PID/stat over the measured period, all its threads, as % of one core) and
+its RSS; then checks every acknowledged summary is in the link matrix.
+Goal (issue 5): p99 under 50 ms on one core at 1,000 agents / 5 s.
+
+    .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
+        [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from netopt.cli.output import print_table
+from netopt.coordinator.matrix import percentile
+
+TOKEN = "bench-coordinator-token-0123456789"  # noqa: S105 - a throwaway test token
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GOAL_P99_MS = 50.0
+REGIONS = ("hk", "sg", "us", "cn")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _node(i: int) -> tuple[str, str]:
+    region = REGIONS[i % len(REGIONS)]
+    return f"{region}-{i:04d}", region
+
+
+def _batch(src: int, seq: int, per_batch: int, agents: int, now_s: float) -> dict[str, Any]:
+    rng = random.Random(src * 1_000_003 + seq)
+    summaries = []
+    for k in range(per_batch):
+        dst = _node((src + 1 + k * 7) % agents)[0]
+        rtt = rng.uniform(0.2, 200.0)
+        lost = rng.randint(0, 3)
+        summaries.append({
+            "src": _node(src)[0], "dst": dst, "taken_at_s": now_s, "window_s": 5.0,
+            "method": "udp", "probes_sent": 100, "probes_received": 100 - lost,
+            "rtt_ms": {"min": rtt * 0.95, "mean": rtt, "p50": rtt, "p90": rtt * 1.05,
+                       "p99": rtt * 1.2, "max": rtt * 1.3},
+            "jitter_ms": rtt / 50, "loss_ratio": lost / 100,
+            "loss_ratio_ci95": [0.0, min(1.0, lost / 100 + 0.04)],
+            "reordered_count": 0, "duplicate_count": 0, "late_count": 0, "outages": [],
+        })  # fmt: skip
+    return {"batch_id": f"s{seq}", "summaries": summaries}
+
+
+async def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise SystemExit("coordinator exited during start")
+            try:
+                async with session.get(url + "/healthz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit("coordinator did not start")
+
+
+async def _register(i: int, session: aiohttp.ClientSession, url: str) -> None:
+    name, region = _node(i)
+    reg = {"node": name, "region": region, "netopt_version": "0.1.0", "cpu_count": 32,
+           "advertise_host": "127.0.0.1", "nics": [{"name": "eth0", "mtu": 1500}]}  # fmt: skip
+    async with session.post(url + "/api/v1/agents/register", json=reg) as response:
+        assert response.status == 200, await response.text()
+
+
+async def _agent(
+    i: int,
+    session: aiohttp.ClientSession,
+    url: str,
+    args: argparse.Namespace,
+    start_s: float,
+    stop_s: float,
+    out: dict[str, Any],
+) -> None:
+    name = _node(i)[0]
+    next_s = start_s + random.uniform(0, args.interval_s)
+    seq = 0
+    while True:
+        await asyncio.sleep(max(0.0, next_s - time.time()))
+        if time.time() >= stop_s:
+            return
+        body = json.dumps(_batch(i, seq, args.summaries_per_batch, args.agents, time.time()))
+        sent = time.perf_counter()
+        try:
+            async with session.post(
+                f"{url}/api/v1/agents/{name}/summaries",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                answer = await response.json()
+                ok = response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        out["latency_ms"].append((time.perf_counter() - sent) * 1000)
+        if ok and not answer["duplicate"]:
+            out["stored"] += answer["accepted"]
+        else:
+            out["errors"] += 1
+        seq += 1
+        next_s += args.interval_s
+
+
+async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"latency_ms": [], "stored": 0, "errors": 0}
+    timeout = aiohttp.ClientTimeout(total=60)
+    # One session (so one keep-alive connection) per agent, as real agents have.
+    sessions = [
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1), timeout=timeout, headers=AUTH
+        )
+        for _ in range(args.agents)
+    ]
+    try:
+        registering = time.monotonic()
+        limit = asyncio.Semaphore(50)
+
+        async def register(i: int) -> None:
+            async with limit:
+                await _register(i, sessions[i], url)
+
+        await asyncio.gather(*(register(i) for i in range(args.agents)))
+        out["register_all_s"] = time.monotonic() - registering
+        await asyncio.sleep(2.0)  # let the plan for the full fleet settle
+        start_s = time.time() + 0.5
+        stop_s = start_s + args.duration_s
+        tasks = [
+            asyncio.create_task(_agent(i, sessions[i], url, args, start_s, stop_s, out))
+            for i in range(args.agents)
+        ]
+        cpu0, wall0 = _cpu_s(pid), time.monotonic()
+        await asyncio.gather(*tasks)
+        cpu1, wall1 = _cpu_s(pid), time.monotonic()
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions))
+    out["cpu_pct_of_one_core"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
+    out["measured_s"] = wall1 - wall0
+    out["rss_mb"] = _rss_mb(pid)
+    warmup_s = 60.0
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        window = int(args.duration_s + warmup_s + 60)
+        async with session.get(f"{url}/api/v1/links?window_s={window}") as response:
+            links = (await response.json())["links"]
+        async with session.get(f"{url}/metrics") as response:
+            metrics = await response.text()
+    out["matrix_summaries"] = sum(link["summary_count"] for link in links)
+    out["server"] = _server_side(metrics)
+    return out
+
+
+def _server_side(metrics: str) -> dict[str, float | None]:
+    """Mean and p99 (bucket upper bound) of the handler time, from the coordinator's /metrics."""
+    route = 'route="/api/v1/agents/{node}/summaries"'
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for line in metrics.splitlines():
+        if route not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.startswith("netopt_coordinator_request_duration_seconds_bucket"):
+            bound = name.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), float(value)))
+        elif name.startswith("netopt_coordinator_request_duration_seconds_sum"):
+            total = float(value)
+        elif name.startswith("netopt_coordinator_request_duration_seconds_count"):
+            count = float(value)
+    p99 = next((b for b, c in sorted(buckets) if count and c >= 0.99 * count), None)
+    return {
+        "handler_mean_ms": 1000 * total / count if count else None,
+        "handler_p99_le_ms": None if p99 is None else 1000 * p99,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--interval-s", type=float, default=5.0)
+    parser.add_argument("--duration-s", type=float, default=30.0)
+    parser.add_argument("--summaries-per-batch", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--no-pin", action="store_true", help="Do not pin to separate cores.")
+    args = parser.parse_args()
+    if not (1 <= args.agents <= 5000 and 1 <= args.duration_s <= 300):
+        parser.error("--agents must be 1..5000 and --duration-s 1..300")
+    cpus = sorted(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as tmp:
+        port = _free_port()
+        config = Path(tmp, "coordinator.yaml")
+        config.write_text(
+            f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
+            f"database: {tmp}/coordinator.db\nstale_after_s: 60\n"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            if len(cpus) >= 2 and not args.no_pin:
+                os.sched_setaffinity(proc.pid, {cpus[0]})
+                os.sched_setaffinity(0, set(cpus[1:]))
+            url = f"http://127.0.0.1:{port}"
+            asyncio.run(_wait_ready(url, proc))
+            result = asyncio.run(_load(url, proc.pid, args))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    lat = sorted(result.pop("latency_ms"))
+    report = {
+        "agents": args.agents,
+        "interval_s": args.interval_s,
+        "duration_s": args.duration_s,
+        "summaries_per_batch": args.summaries_per_batch,
+        "coordinator_pinned_to_one_core": len(cpus) >= 2 and not args.no_pin,
+        "batches": len(lat),
+        "batches_per_s": len(lat) / args.duration_s,
+        "latency_ms": {q: percentile(lat, p) for q, p in (("p50", 50), ("p90", 90), ("p99", 99))}
+        | {"max": lat[-1]},
+        **result,
+        "goal_p99_ms": GOAL_P99_MS,
+    }
+    report["goal_met"] = report["latency_ms"]["p99"] < GOAL_P99_MS and result["errors"] == 0
+    report["all_stored"] = result["matrix_summaries"] == result["stored"]
+    lm = report["latency_ms"]
+    print_table(
+        "coordinator ingest",
+        ["agents", "batch/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "server mean ms",
+         "server p99 <= ms", "errors", "CPU %", "RSS MB", "stored ok", "goal"],
+        [[args.agents, report["batches_per_s"], lm["p50"], lm["p90"], lm["p99"], lm["max"],
+          result["server"]["handler_mean_ms"], result["server"]["handler_p99_le_ms"],
+          result["errors"], result["cpu_pct_of_one_core"], result["rss_mb"],
+          report["all_stored"], report["goal_met"]]],
+    )  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["goal_met"] and report["all_stored"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

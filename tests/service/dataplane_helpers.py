@@ -1,0 +1,114 @@
+"""Shared pieces of the data-plane service tests: a dataset, a server, a killing proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from aiohttp import web
+
+from netopt.dataplane.server import ServeSettings, ServeStats, create_app, load_dataset
+from netopt.dataplane.server import start_server as _start_server
+from netopt.dataplane.sync import SyncOptions
+from netopt.transfer.manifest import Manifest
+from netopt.transfer.planner import CpuProfile
+
+TOKEN = "test-token-0123456789abcdef"
+CPU = CpuProfile(2, {1: 300e6, 3: 150e6}, {1: 900e6, 3: 900e6})
+FAST = SyncOptions(max_attempts=4, backoff_initial_s=0.01, backoff_max_s=0.05)
+CHUNK_BYTES = 64 * 1024
+
+
+def make_dataset(root: Path) -> dict[str, bytes]:
+    """About 1.3 MB in four files: random, text, nested, empty."""
+    files = {
+        "random.bin": os.urandom(600_000),
+        "text/data.jsonl": b"".join(
+            b'{"id": %d, "text": "hello world"}\n' % i for i in range(20000)
+        ),
+        "text/nested/small.txt": b"small\n",
+        "empty": b"",
+    }
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def check_tree(dest: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        assert (dest / rel).read_bytes() == data, rel
+
+
+async def start(
+    root: Path, name: str = "ds", token: str | None = TOKEN
+) -> tuple[web.AppRunner, int, ServeStats, Manifest]:
+    dataset = load_dataset(root, name, CHUNK_BYTES)
+    stats = ServeStats()
+    app = create_app(ServeSettings(token=token, worker_threads=2), {name: dataset}, CPU, stats)
+    runner, port = await _start_server(app, "127.0.0.1", 0)
+    return runner, port, stats, dataset.manifest
+
+
+class Proxy:
+    """A TCP proxy to ``target_port``; it can cut one connection mid-response or vanish."""
+
+    def __init__(self, target_port: int, kill_connection: int = 0, kill_after_bytes: int = 0):
+        self.target_port = target_port
+        self.kill_connection = kill_connection
+        self.kill_after_bytes = kill_after_bytes
+        self.connections = 0
+        self.killed = 0
+        self.transports: list[asyncio.WriteTransport] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    def vanish(self) -> None:
+        """Stop listening and abort every connection at once, like a dead server."""
+        assert self.server is not None
+        self.server.close()
+        for transport in self.transports:
+            transport.abort()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.vanish()
+            await self.server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        limit = self.kill_after_bytes if self.connections == self.kill_connection else None
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.transports += [writer.transport, up_writer.transport]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, cap: int | None):
+            sent = 0
+            try:
+                while data := await src.read(16384):
+                    if cap is not None and sent + len(data) >= cap:
+                        dst.write(data[: cap - sent])
+                        await dst.drain()
+                        self.killed += 1
+                        writer.transport.abort()
+                        up_writer.transport.abort()
+                        return
+                    dst.write(data)
+                    await dst.drain()
+                    sent += len(data)
+                dst.close()
+            except (ConnectionError, OSError):
+                writer.transport.abort()
+                up_writer.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer, None), pipe(up_reader, writer, limit))

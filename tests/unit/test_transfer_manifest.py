@@ -1,0 +1,105 @@
+"""Manifest building, round trips and name validation (traversal refused)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from netopt.errors import PathTraversalError, ProtocolError, ValidationError
+from netopt.transfer.manifest import (
+    STATE_DIR_NAME,
+    build_manifest,
+    manifest_from_dict,
+    manifest_to_dict,
+    validate_chunk_id,
+    validate_rel_path,
+)
+
+GOOD_ID = "a" * 64
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "..",
+        "../etc/passwd",
+        "a/../../b",
+        "a/./b",
+        "/etc/passwd",
+        "a//b",
+        "a/",
+        "a\x00b",
+        "a\\..\\b",
+        "..\\x",
+        "a\nb",
+        f"{STATE_DIR_NAME}/chunks/x",
+        "x" * 300,
+    ],
+)
+def test_unsafe_paths_are_refused(bad: str) -> None:
+    with pytest.raises(PathTraversalError):
+        validate_rel_path(bad)
+
+
+@pytest.mark.parametrize("good", ["a", "a/b/c.jsonl", "..a", "a..b", ".hidden", "dir/.x"])
+def test_safe_paths_pass(good: str) -> None:
+    assert validate_rel_path(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "../" + "a" * 61, "A" * 64, "a" * 63, GOOD_ID + "/"])
+def test_bad_chunk_ids(bad: str) -> None:
+    with pytest.raises(PathTraversalError):
+        validate_chunk_id(bad)
+
+
+def _entry(path: str, chunks: list[list[object]] | None = None, size: int = 3) -> dict[str, object]:
+    return {
+        "path": path,
+        "size_bytes": size,
+        "mode": 0o644,
+        "mtime_ns": 1,
+        "chunks": chunks if chunks is not None else [[GOOD_ID, 3]],
+    }
+
+
+def test_manifest_from_dict_refuses_traversal() -> None:
+    with pytest.raises(PathTraversalError):
+        manifest_from_dict({"name": "d", "files": [_entry("../../evil")]})
+    with pytest.raises(PathTraversalError):
+        manifest_from_dict({"name": "d", "files": [_entry("/abs")]})
+    with pytest.raises(PathTraversalError):
+        manifest_from_dict({"name": "d", "files": [_entry("ok", [["../x", 3]])]})
+
+
+def test_manifest_from_dict_checks_structure() -> None:
+    with pytest.raises(ProtocolError, match="cover"):
+        manifest_from_dict({"name": "d", "files": [_entry("f", size=4)]})
+    with pytest.raises(ValidationError, match="twice"):
+        manifest_from_dict({"name": "d", "files": [_entry("f"), _entry("f")]})
+    with pytest.raises(ValidationError, match="both a file and a directory"):
+        manifest_from_dict({"name": "d", "files": [_entry("a"), _entry("a/b")]})
+    with pytest.raises(ProtocolError):
+        manifest_from_dict({"name": "d", "files": "nope"})
+
+
+def test_build_and_round_trip(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.bin").write_bytes(os.urandom(300_000))
+    (tmp_path / "b.txt").write_bytes(b"hello")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "link").symlink_to("/etc/passwd")
+    (tmp_path / STATE_DIR_NAME).mkdir()
+    (tmp_path / STATE_DIR_NAME / "junk").write_bytes(b"x")
+    manifest = build_manifest(tmp_path, "ds", avg_chunk_bytes=64 * 1024)
+    paths = [f.path for f in manifest.files]
+    assert paths == ["b.txt", "empty", "sub/a.bin"]  # no symlink, no state dir
+    big = manifest.files[2]
+    assert len(big.chunks) > 1
+    assert sum(c.length_bytes for c in big.chunks) == 300_000
+    again = manifest_from_dict(manifest_to_dict(manifest))
+    assert again == manifest
+    assert again.manifest_id == manifest.manifest_id
+    assert manifest.total_bytes == 300_005

@@ -1,0 +1,133 @@
+"""The transfer planner's decisions, on fixed inputs (no I/O)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from netopt.transfer.planner import (
+    CpuProfile,
+    LinkProfile,
+    SampleProfile,
+    per_flow_ceiling_bps,
+    plan_transfer,
+)
+from netopt.transfer.profile import sample_bytes
+
+MB = 1e6
+# Roughly the LAB.md figures for one core: zstd 1/3/9 compress and decompress speeds.
+CPU = CpuProfile(
+    cores=2,
+    compress_bytes_per_s={1: 170 * MB, 3: 145 * MB, 9: 38 * MB},
+    decompress_bytes_per_s={1: 470 * MB, 3: 870 * MB, 9: 900 * MB},
+)
+LINK_BBR = LinkProfile(rate_bps=100e6, rtt_ms=80, loss_ratio=0.01, congestion_control="bbr")
+
+
+def _jsonl(n_lines: int) -> bytes:
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(500)]
+    rows = (
+        json.dumps({"id": i, "text": " ".join(rng.choices(words, k=15)), "y": rng.random()})
+        for i in range(n_lines)
+    )
+    return ("\n".join(rows) + "\n").encode()
+
+
+def test_random_data_turns_compression_off() -> None:
+    profile = sample_bytes([random.Random(1).randbytes(1 << 20)], levels=(1, 3, 9))
+    plan = plan_transfer(200 * 1024**2, profile, LINK_BBR, CPU)
+    assert plan.codec == "none"
+    assert plan.zstd_level is None
+    assert any("compression off" in r for r in plan.reasons)
+
+
+def test_json_lines_turn_zstd_on() -> None:
+    profile = sample_bytes([_jsonl(20000)], levels=(1, 3, 9))
+    assert profile.ratio_by_level[3] > 2
+    plan = plan_transfer(200 * 1024**2, profile, LINK_BBR, CPU)
+    assert plan.codec == "zstd"
+    assert plan.zstd_level in (1, 3, 9)
+    assert plan.logical_rate_bps > 2 * LINK_BBR.rate_bps
+
+
+def test_ratio_just_under_threshold_is_off() -> None:
+    plan = plan_transfer(10**9, SampleProfile({1: 1.04, 3: 1.049}), LINK_BBR, CPU)
+    assert plan.codec == "none"
+
+
+def test_streams_grow_with_loss_for_cubic() -> None:
+    streams = []
+    for loss in (0.0001, 0.001, 0.01, 0.03):
+        link = LinkProfile(rate_bps=100e6, rtt_ms=80, loss_ratio=loss, congestion_control="cubic")
+        streams.append(plan_transfer(10**9, SampleProfile({}), link, CPU).streams)
+    assert streams == sorted(streams)
+    assert streams[0] < streams[-1]
+    assert streams[2] >= 32  # Mathis: ~1.8 Mbit/s per flow at 1% loss and 80 ms
+
+
+def test_bbr_needs_few_streams_despite_loss() -> None:
+    cubic = LinkProfile(rate_bps=100e6, rtt_ms=80, loss_ratio=0.01, congestion_control="cubic")
+    bbr_plan = plan_transfer(10**9, SampleProfile({}), LINK_BBR, CPU)
+    cubic_plan = plan_transfer(10**9, SampleProfile({}), cubic, CPU)
+    assert bbr_plan.streams <= 8
+    assert cubic_plan.streams > bbr_plan.streams
+
+
+def test_mathis_ceiling() -> None:
+    link = LinkProfile(rate_bps=1e9, rtt_ms=80, loss_ratio=0.01, congestion_control="reno")
+    expected = 1448 * 8 / 0.08 * 1.22 / 0.1
+    assert per_flow_ceiling_bps(link) == pytest.approx(expected)
+    measured = LinkProfile(rate_bps=1e9, rtt_ms=80, loss_ratio=0.01, single_stream_bps=1e6)
+    assert per_flow_ceiling_bps(measured) == 1e6
+
+
+def test_bottleneck_link_cpu_disk() -> None:
+    jsonl = SampleProfile({1: 3.0, 3: 3.3})
+    clean_link = LinkProfile(rate_bps=100e6, rtt_ms=10, congestion_control="cubic")
+    # One slow core: level 1 still beats raw bytes (160 > 95 Mbit/s) but the CPU limits it.
+    slow_cpu = CpuProfile(1, {1: 40 * MB, 3: 20 * MB}, {1: 400 * MB, 3: 400 * MB})
+    assert plan_transfer(10**9, jsonl, LINK_BBR, CPU).bottleneck == "link"
+    cpu_bound = plan_transfer(10**9, jsonl, clean_link, slow_cpu)
+    assert cpu_bound.bottleneck == "cpu"
+    assert cpu_bound.zstd_level == 1
+    slow_disk = CpuProfile(
+        2, CPU.compress_bytes_per_s, CPU.decompress_bytes_per_s, disk_bytes_per_s=5 * MB
+    )
+    assert plan_transfer(10**9, jsonl, LINK_BBR, slow_disk).bottleneck == "disk"
+
+
+def test_fast_link_prefers_cheaper_level_or_none() -> None:
+    # On a fast link a slow level-9 codec loses against level 1.
+    fast_link = LinkProfile(rate_bps=1e9, rtt_ms=1, congestion_control="bbr")
+    profile = SampleProfile({1: 2.6, 9: 3.3})
+    plan = plan_transfer(10**9, profile, fast_link, CPU)
+    assert plan.zstd_level == 1
+    very_fast = LinkProfile(rate_bps=10e9, rtt_ms=1, congestion_control="bbr")
+    assert plan_transfer(10**9, profile, very_fast, CPU).codec == "none"
+
+
+def test_predicted_time_scales_with_size() -> None:
+    profile = SampleProfile({})
+    small = plan_transfer(10 * 1024**2, profile, LINK_BBR, CPU)
+    large = plan_transfer(100 * 1024**2, profile, LINK_BBR, CPU)
+    assert large.predicted_time_s > 5 * small.predicted_time_s
+    # 100 MiB at 90 Mbit/s is ~9.3 s plus a little setup.
+    assert 9 < large.predicted_time_s < 11
+
+
+def test_chunk_size_bounds_and_json() -> None:
+    plan = plan_transfer(10**9, SampleProfile({}), LINK_BBR, CPU)
+    assert 256 * 1024 <= plan.chunk_size_bytes <= 8 * 1024**2
+    data = plan.to_dict()
+    assert data["streams"] == plan.streams
+    assert json.loads(json.dumps(data))["bottleneck"] == plan.bottleneck
+
+
+def test_bad_inputs_raise() -> None:
+    with pytest.raises(ValueError, match="rtt_ms"):
+        LinkProfile(rate_bps=1e6, rtt_ms=0)
+    with pytest.raises(ValueError, match="size_bytes"):
+        plan_transfer(-1, SampleProfile({}), LINK_BBR, CPU)
