@@ -99,6 +99,7 @@ class ProbePlanSettings:
     per_node_budget: int = bounded(32, ge=1, le=1024)
     representatives_per_region_pair: int = bounded(2, ge=1, le=16)
     bandwidth_interval_s: float = bounded(600.0, ge=10)
+    bandwidth_slot_s: float = bounded(15.0, ge=2, le=600)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,9 @@ class CoordinatorSettings:
     retention_s: float = bounded(7 * 86400.0, gt=0)
     stale_after_s: float = bounded(30.0, gt=0)
     max_request_bytes: Annotated[int, BYTES] = 1024**2
+    # "normal": WAL, fsync at checkpoints (an OS crash may lose the last ~2 s of
+    # acknowledged batches; a killed process loses nothing). "full": fsync every commit.
+    durability: Literal["normal", "full"] = "normal"
     probe_plan: ProbePlanSettings = field(default_factory=ProbePlanSettings)
     datasets_file: str | None = None
 

@@ -55,7 +55,7 @@ class CoordinatorDeps:
     sweep_interval_s: float = 300.0
     heartbeat_flush_s: float = HEARTBEAT_FLUSH_S
     checkpoint_s: float = 2.0
-    durable_commits: bool = False  # fsync every commit (see netopt.coordinator.store)
+    durable_commits: bool = False  # fsync every commit; also `durability: full` in the config
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -315,7 +315,8 @@ def create_app(
     """
     deps = deps or CoordinatorDeps()
     token = resolve_token(settings.token, settings.token_file)
-    db = Database(settings.database, durable_commits=deps.durable_commits)
+    durable = deps.durable_commits or settings.durability == "full"
+    db = Database(settings.database, durable_commits=durable)
     coordinator = Coordinator(settings, db, deps.clock)
     metrics = CoordinatorMetrics(coordinator.state_counts)
     app = web.Application(

@@ -69,6 +69,7 @@ class Coordinator:
             per_node_budget=pp.per_node_budget,
             representatives_per_region_pair=pp.representatives_per_region_pair,
             bandwidth_interval_s=pp.bandwidth_interval_s,
+            bandwidth_slot_s=pp.bandwidth_slot_s,
         )
 
     async def load(self) -> None:
