@@ -1,4 +1,4 @@
-"""The agent's own HTTP endpoints: ``/healthz`` and Prometheus ``/metrics``."""
+"""The agent's own HTTP endpoints: ``/healthz``, Prometheus ``/metrics``, the doctor."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from netopt.agent.doctor_api import doctor_routes
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -39,8 +41,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_app(agent: Agent) -> web.Application:
-    """The agent's web app. Health and metrics carry no secrets, so need no token."""
+    """The agent's web app. Health and metrics carry no secrets, so need no token; the
+    doctor routes do (see ``doctor_api``)."""
     app = web.Application(client_max_size=64 * 1024)
     app[AGENT] = agent
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
+    app.add_routes(doctor_routes(agent))
     return app

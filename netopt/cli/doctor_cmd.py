@@ -110,6 +110,39 @@ def _serve(bind: str, master_port: int, listen_s: float) -> int:
     return 0
 
 
+def _cluster(
+    url: str,
+    token: str | None,
+    nodes: tuple[str, ...],
+    master_port: int,
+    check_mtu: bool,
+    as_json: bool,
+) -> int:
+    from netopt.doctor.cluster import run_cluster_doctor
+
+    if token is None:
+        raise ConfigError(
+            "no token given", key_path="token", expected="NETOPT_TOKEN or --token-file"
+        )
+    merged = asyncio.run(run_cluster_doctor(url, token, nodes, master_port, check_mtu))
+    if as_json:
+        print_json(merged)
+        return 0
+    console.print(f"doctor on {len(merged['nodes'])} nodes: {', '.join(merged['nodes'])}")
+    if not merged["findings"]:
+        console.print("[green]no problems found[/green] by the checks that ran")
+    for i, f in enumerate(merged["findings"], 1):
+        console.print(
+            f"{i}. {f['severity']} (impact {f['impact']:g}) [{f['node']}] {f['title']}",
+            markup=False,
+        )
+        console.print(f"   evidence: {f['evidence']}", markup=False)
+        console.print(f"   fix: {f['fix']}", markup=False)
+    for s in merged["not_checked"]:
+        console.print(f"not checked on {s['node']}: {s['reason']}", markup=False)
+    return 0
+
+
 def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[str, Any]:
     names = {n for f in report.findings for n, _ in f.sysctls}
     current = {name: read_sysctl(name) for name in names}
@@ -133,6 +166,11 @@ def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[
 @click.option("--links", "links_file", type=click.Path(dir_okay=False), help="Links file.")
 @click.option("--coordinator", help="Coordinator URL: links and peers from its registry.")
 @click.option("--nodes", help="With --coordinator: only these nodes (comma-separated).")
+@click.option(
+    "--via-agents",
+    is_flag=True,
+    help="With --coordinator: run the doctor on every node through its agent.",
+)
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Cluster token file.")
 @click.option("--dataset-dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
@@ -141,7 +179,7 @@ def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[
 @click.option("--undo-file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--undo", "undo", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--listen", is_flag=True, help="Serve the port-reachability listener.")
-@click.option("--bind", default="0.0.0.0", show_default=True)  # noqa: S104 - a listener's job
+@click.option("--bind", help="With --listen: the address peers connect to (0.0.0.0: all).")
 @click.option("--listen-s", type=click.FloatRange(0.1, 86400), default=300.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor_command(
@@ -150,6 +188,7 @@ def doctor_command(
     links_file: str | None,
     coordinator: str | None,
     nodes: str | None,
+    via_agents: bool,
     token_file: str | None,
     dataset_dir: Path | None,
     master_port: int,
@@ -158,13 +197,22 @@ def doctor_command(
     undo_file: Path | None,
     undo: Path | None,
     listen: bool,
-    bind: str,
+    bind: str | None,
     listen_s: float,
     as_json: bool,
 ) -> int:
     """Diagnose this node and its links; print findings ranked by expected impact."""
     if listen:
+        if not bind:
+            raise UsageError("--listen needs --bind ADDR: the address peers connect to")
         return _serve(bind, master_port, listen_s)
+    if via_agents:
+        if not coordinator:
+            raise UsageError("--via-agents needs --coordinator URL")
+        if do_apply:
+            raise UsageError("--apply changes this node only: run it on each node")
+        return _cluster(coordinator, _token(token_file), _split(nodes), master_port,
+                        not no_mtu, as_json)  # fmt: skip
     if undo is not None:
         results = apply_mod.undo_changes(undo)
         if as_json:

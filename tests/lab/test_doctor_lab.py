@@ -71,7 +71,10 @@ def _doctor(lab: Lab, node: str, *args: str) -> dict[str, Any]:
 
 def _listener(lab: Lab, node: str) -> subprocess.Popen[str]:
     proc = lab.popen(
-        node, [*DOCTOR, "--listen", "--listen-s", "30"], stdout=subprocess.PIPE, text=True
+        node,
+        [*DOCTOR, "--listen", "--bind", lab.address(node), "--listen-s", "30"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("listening on")
