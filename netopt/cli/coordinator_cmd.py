@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 from typing import Any
 
 import click
 
 from netopt.cli.output import console, print_json, print_table
-from netopt.config import load_settings
+from netopt.config import cli_token, load_settings
 from netopt.config.services import DEFAULT_COORDINATOR_PORT
 from netopt.coordinator.client import CoordinatorClient
-from netopt.errors import ConfigError
 
 __all__ = ["coordinator_command", "fetch_status", "status_command"]
-
-TOKEN_ENV = "NETOPT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
 
 @click.command("coordinator")
@@ -34,22 +29,6 @@ def coordinator_command(config_file: str) -> int:
 
     settings = load_settings(config_file, "coordinator")
     return run_coordinator(settings)
-
-
-def _token(token_file: str | None) -> str:
-    env = os.environ.get(TOKEN_ENV)
-    if env:
-        return env
-    if token_file is None:
-        raise ConfigError(
-            "no token given", key_path="token", expected=f"{TOKEN_ENV} or --token-file FILE"
-        )
-    try:
-        return Path(token_file).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read {token_file}: {exc.strerror}", key_path="token-file"
-        ) from None
 
 
 async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
@@ -74,7 +53,7 @@ async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def status_command(url: str, token_file: str | None, window_s: float, as_json: bool) -> int:
     """Show nodes (with liveness) and links (RTT, loss, bandwidth). Token: NETOPT_TOKEN."""
-    result = asyncio.run(fetch_status(url, _token(token_file), window_s))
+    result = asyncio.run(fetch_status(url, cli_token(token_file), window_s))
     if as_json:
         print_json(result)
         return 0

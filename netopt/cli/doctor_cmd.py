@@ -11,7 +11,6 @@ Nothing changes without ``--apply`` (root only; writes an undo file first).
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import click
 
 from netopt.cli.output import console, err_console, print_json
-from netopt.config import LinksSettings, load_settings, parse_settings, resolve_token
+from netopt.config import LinksSettings, cli_token, load_settings, parse_settings
 from netopt.doctor import apply as apply_mod
 from netopt.doctor import ports
 from netopt.doctor.findings import DoctorReport
@@ -34,12 +33,6 @@ __all__ = ["doctor_command"]
 
 def _split(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip() for p in (text or "").split(",") if p.strip())
-
-
-def _token(token_file: str | None) -> str | None:
-    if not (os.environ.get("NETOPT_TOKEN") or token_file):
-        return None
-    return resolve_token(os.environ.get("NETOPT_TOKEN") or None, token_file)
 
 
 def _from_coordinator(
@@ -112,7 +105,7 @@ def _serve(bind: str, master_port: int, listen_s: float) -> int:
 
 def _cluster(
     url: str,
-    token: str | None,
+    token: str,
     nodes: tuple[str, ...],
     master_port: int,
     check_mtu: bool,
@@ -120,10 +113,6 @@ def _cluster(
 ) -> int:
     from netopt.doctor.cluster import run_cluster_doctor
 
-    if token is None:
-        raise ConfigError(
-            "no token given", key_path="token", expected="NETOPT_TOKEN or --token-file"
-        )
     merged = asyncio.run(run_cluster_doctor(url, token, nodes, master_port, check_mtu))
     if as_json:
         print_json(merged)
@@ -211,8 +200,8 @@ def doctor_command(
             raise UsageError("--via-agents needs --coordinator URL")
         if do_apply:
             raise UsageError("--apply changes this node only: run it on each node")
-        return _cluster(coordinator, _token(token_file), _split(nodes), master_port,
-                        not no_mtu, as_json)  # fmt: skip
+        cluster_token = cli_token(token_file)
+        return _cluster(coordinator, cluster_token, _split(nodes), master_port, not no_mtu, as_json)
     if undo is not None:
         results = apply_mod.undo_changes(undo)
         if as_json:
@@ -227,7 +216,7 @@ def doctor_command(
     if nodes and not coordinator:
         raise UsageError("--nodes needs --coordinator")
     name = node or socket.gethostname()
-    token = _token(token_file)
+    token = cli_token(token_file, required=False)
     links = load_settings(links_file, "links") if links_file else None
     peer_list = _split(peers)
     if coordinator:

@@ -15,7 +15,7 @@ import click
 from rich.table import Table
 
 from netopt.cli.output import console, err_console
-from netopt.config import LinksSettings, load_settings, parse_settings
+from netopt.config import LinksSettings, cli_token, load_settings, parse_settings
 from netopt.errors import UsageError, ValidationError
 from netopt.fsutil import atomic_write_bytes
 from netopt.nccl import domains
@@ -110,12 +110,11 @@ def _links_from_coordinator(url: str, token_file: str | None, window_s: float) -
 
     import yaml
 
-    from netopt.cli.coordinator_cmd import _token
     from netopt.coordinator.client import CoordinatorClient
     from netopt.nccl.from_coordinator import links_from_coordinator
 
     async def fetch() -> tuple[dict[str, object], dict[str, object]]:
-        async with CoordinatorClient(url, _token(token_file)) as client:
+        async with CoordinatorClient(url, cli_token(token_file)) as client:
             return await client.get("/api/v1/nodes"), await client.get(
                 "/api/v1/links", window_s=window_s
             )

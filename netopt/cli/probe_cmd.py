@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import os
 import signal
 import sys
 from dataclasses import replace
@@ -21,7 +20,7 @@ from typing import Any, Literal, cast
 import click
 
 from netopt.cli.output import console, err_console, print_json, print_table
-from netopt.config import ProbeSettings, resolve_token
+from netopt.config import ProbeSettings, cli_token
 from netopt.config.services import DEFAULT_PROBE_PORT
 from netopt.errors import ValidationError
 from netopt.measure.samples import ProbeTarget
@@ -59,10 +58,6 @@ def parse_address(text: str, default_port: int = DEFAULT_PROBE_PORT) -> tuple[st
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ValidationError(f"{text!r} has a bad port (expected 0..65535)")
     return host, int(port_text)
-
-
-def _token(token_file: str | None) -> str:
-    return resolve_token(os.environ.get("NETOPT_TOKEN") or None, token_file)
 
 
 class _ProbeGroup(click.Group):
@@ -103,7 +98,7 @@ _token_option = click.option(
 def serve(bind: str, token_file: str | None, as_json: bool) -> int:
     """Answer probes (UDP) and bandwidth tests (TCP) until interrupted (SIGINT/SIGTERM)."""
     host, port = parse_address(bind)
-    token = _token(token_file)
+    token = cli_token(token_file)
     counters = asyncio.run(_serve(token, host, port))
     if as_json:
         print_json(counters)
@@ -217,7 +212,7 @@ def measure(
 ) -> int:
     """Measure TARGET (HOST[:PORT]) and print a table, or JSON with --json."""
     host, port = parse_address(target)
-    token = _token(token_file)
+    token = cli_token(token_file)
     settings = ProbeSettings(port=port)
     changes: dict[str, Any] = {
         "rate_pps": rate_pps,

@@ -65,6 +65,7 @@ __all__ = [
     "RegionSpec",
     "Settings",
     "SpoolSettings",
+    "cli_token",
     "detect_kind",
     "load_settings",
     "parse_settings",
@@ -245,6 +246,29 @@ def resolve_token(token: str | None, token_file: str | None, file: str | None = 
             expected="a random secret of 16+ characters",
         )
     return secret
+
+
+@overload
+def cli_token(token_file: str | None, *, required: Literal[True] = True) -> str: ...
+@overload
+def cli_token(token_file: str | None, *, required: bool) -> str | None: ...
+def cli_token(token_file: str | None, *, required: bool = True) -> str | None:
+    """The shared token for a command-line client: ``--token-file`` if given (it beats
+    the environment), else ``NETOPT_TOKEN``.
+
+    Raises ConfigError when the file is unreadable or short, or when neither is given
+    and ``required``; otherwise returns None then.
+    """
+    if token_file is not None:
+        return resolve_token(None, token_file)
+    value = os.environ.get(_TOKEN_ENV, "").strip()
+    if value:
+        return value
+    if required:
+        raise ConfigError(
+            "no token given", key_path="token", expected=f"{_TOKEN_ENV} or --token-file FILE"
+        )
+    return None
 
 
 def settings_to_dict(settings: Any) -> Any:
