@@ -16,7 +16,7 @@ edge where they enter netopt, so callers catch netopt's errors only.
     │   └── ProtocolError            the peer spoke, but not what we expected
     ├── AuthenticationError          a token or HMAC tag was refused
     ├── IntegrityError               data failed its hash check
-    ├── ResidencyError               a dataset may not be placed in this region
+    ├── ResidencyError               exit code 2: a dataset may not be placed in this region
     ├── StorageError                 a disk operation failed (full disk, I/O error)
     └── LabError                     building or driving the emulated lab failed
 """
@@ -148,7 +148,12 @@ class IntegrityError(NetoptError):
 
 
 class ResidencyError(NetoptError):
-    """A dataset's residency rule forbids placing it where it was asked to go."""
+    """A dataset's residency rule forbids placing it where it was asked to go.
+
+    Exit code 2: a refused request (like a usage error), not a failure to retry.
+    """
+
+    exit_code = EXIT_USAGE
 
 
 class StorageError(NetoptError):

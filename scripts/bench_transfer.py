@@ -263,6 +263,9 @@ def bench_dataset(
                     str(args.link_rate_mbps),
                     "--link-loss",
                     str(args.link_loss),
+                    # A fresh chunk cache per run: a warm one would measure the disk.
+                    "--cache-dir",
+                    str(out_dir / f"{mode}-{name}-cache"),
                 ],
             }[tool]
             server = servers[tool]
@@ -272,7 +275,9 @@ def bench_dataset(
             predicted = internal = None
             if tool == "netopt" and not timed_out:
                 with_plan = json.loads(out)
-                predicted = float(with_plan["plan"]["predicted_time_s"])
+                # The cache's sync reports the transfer plan as "transfer_plan".
+                plan = with_plan.get("transfer_plan") or with_plan["plan"]
+                predicted = float(plan["predicted_time_s"])
                 internal = float(with_plan["seconds"])
             row = Row(mode, name, tool, seconds, logical, wire, cpu, timed_out, predicted, internal)
             if timed_out and tool in ("aria2c", "rsync"):
@@ -285,6 +290,7 @@ def bench_dataset(
             )
             rows.append(row)
             shutil.rmtree(dest, ignore_errors=True)
+            shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
     finally:
         for proc in {id(p): p for p in servers.values()}.values():
             stop(proc)

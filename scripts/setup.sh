@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything netopt needs on a fresh Debian machine with only Python and apt:
-# system tools (apt), a virtualenv in .venv, netopt with its extras.
+# system tools (apt), a virtualenv in .venv, netopt with its extras (torch, s3; dev).
 #   bash scripts/setup.sh          # runtime + torch extra (for `netopt demo`)
 #   bash scripts/setup.sh --dev    # ... plus the test and lint tools
 set -euo pipefail
@@ -31,8 +31,8 @@ PYTHON=${PYTHON:-python3}
 # torch first, pinned: the CPU build on this kind of machine; a bare `torch` would pull CUDA.
 .venv/bin/python -m pip install -q "torch==${NETOPT_TORCH_VERSION:-2.13.0}"
 if [ $dev = 1 ]; then
-  .venv/bin/python -m pip install -q -e ".[torch,dev]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3,dev]"
 else
-  .venv/bin/python -m pip install -q -e ".[torch]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3]"
 fi
 echo "setup: done ($(.venv/bin/netopt --version))"

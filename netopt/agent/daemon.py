@@ -6,7 +6,8 @@ servers. Loops, each a task:
 
 - registration (with backoff) and heartbeats; a changed ``plan_version`` in a
   heartbeat answer triggers a plan fetch;
-- one probe task per planned peer, each measuring one window after another;
+- probing of every planned peer, one window after another, over one shared
+  socket and timer (see ``probing.py``);
 - bandwidth tests in the time slots the coordinator assigned (so no node runs
   two at once and no link carries two);
 - the reporter, which spools and replays summaries (see ``reporter.py``).
@@ -30,18 +31,19 @@ from netopt import __version__
 from netopt.agent.host import cpu_count, local_nics
 from netopt.agent.http import create_app
 from netopt.agent.metrics import AgentMetrics
+from netopt.agent.probing import PeerProbing
 from netopt.agent.reporter import NeedsRegistration, Reporter
 from netopt.agent.spool import Spool
 from netopt.agent.summaries import bandwidth_summary, probe_summary
 from netopt.config.services import AgentSettings
 from netopt.coordinator.client import CoordinatorClient
 from netopt.coordinator.schema import Heartbeat, LinkSummary, OutageRecord, Registration
-from netopt.errors import AuthenticationError, NetoptError, NetworkError, PeerUnreachableError
+from netopt.errors import AuthenticationError, NetoptError, NetworkError
 from netopt.measure.bandwidth import measure_bandwidth
-from netopt.measure.link import measure_link
 from netopt.measure.prober import probe_count
 from netopt.measure.samples import ProbeTarget
 from netopt.measure.service import ProbeServer
+from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
 
 __all__ = ["Agent", "PlannedPeer", "run_agent"]
@@ -112,7 +114,10 @@ class Agent:
         self.registered = asyncio.Event()
         self.probe_server: ProbeServer | None = None
         self.http_port: int | None = None
-        self._peer_tasks: dict[PlannedPeer, asyncio.Task[None]] = {}
+        self.background: set[asyncio.Task[object]] = set()  # e.g. doctor port listeners
+        self.probing: PeerProbing[PlannedPeer] = PeerProbing(
+            settings.probe, token, self._record_window, self._record_unreachable
+        )
         self._bandwidth: list[tuple[PlannedPeer, float]] = []
         self._cycle_s = 0.0
         self._slot_s = 0.0
@@ -123,7 +128,9 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, measure and report until ``stop`` is set; then shut down cleanly."""
         s = self.settings
-        self.probe_server = await ProbeServer.start(self.token, s.listen.host, s.probe.port)
+        self.probe_server = await ProbeServer.start(
+            self.token, s.listen.host, s.probe.port, batch_s=s.probe.batch_s
+        )
         runner = web.AppRunner(create_app(self), access_log=None, handle_signals=False)
         await runner.setup()
         try:
@@ -148,9 +155,10 @@ class Agent:
         try:
             await stop.wait()
         finally:
-            for task in loops + list(self._peer_tasks.values()):
+            for task in loops:
                 task.cancel()
-            await asyncio.gather(*loops, *self._peer_tasks.values(), return_exceptions=True)
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self.probing.close()
             await self._goodbye(client)
             await client.close()
             await runner.cleanup()
@@ -193,7 +201,8 @@ class Agent:
         delay_s = RETRY_MIN_S
         while True:
             try:
-                answer = await client.register(self.registration())
+                # registration() lists NICs with `ip`: a subprocess, so off the loop
+                answer = await client.register(await asyncio.to_thread(self.registration))
             except AuthenticationError:
                 log.error("the coordinator refused this agent's token; fix token/token_file")
             except NetoptError as exc:
@@ -235,18 +244,14 @@ class Agent:
         """Start probing new peers, stop probing dropped ones, take the bandwidth slots."""
         self.plan_version = str(plan.get("plan_version", ""))
         wanted = {PlannedPeer.from_dict(p) for p in plan.get("probes", [])}
-        for peer in list(self._peer_tasks):
-            if peer not in wanted:
-                self._peer_tasks.pop(peer).cancel()
-        for peer in wanted - set(self._peer_tasks):
-            self._peer_tasks[peer] = self._spawn(self._probe_loop(peer))
+        self.probing.set_peers(wanted)
         self._cycle_s = float(plan.get("bandwidth_cycle_s", 0.0))
         self._slot_s = float(plan.get("bandwidth_slot_s", 0.0))
         self._bandwidth = [
             (PlannedPeer.from_dict(t), float(t["offset_s"]))
             for t in plan.get("bandwidth_tests", [])
         ]
-        self.metrics.peers.set(len(self._peer_tasks))
+        self.metrics.peers.set(len(wanted))
         log.info(
             "plan %s: %d peers, %d bandwidth tests",
             self.plan_version,
@@ -256,36 +261,29 @@ class Agent:
 
     # -------------------------------------------------------------- measurement
 
-    async def _probe_loop(self, peer: PlannedPeer) -> None:
+    def _record_window(self, peer: PlannedPeer, stats: LinkStats) -> None:
+        """One measured window of ``peer``: report it and update the metrics."""
+        self.reporter.add(probe_summary(self.settings.node, peer.node, stats, self.wall_clock()))
+        if stats.rtt_ms is not None:
+            self.metrics.rtt_p50_ms.labels(peer.node).set(stats.rtt_ms.p50)
+            self._last_stats[peer.node] = (stats.rtt_ms.p50, stats.loss_ratio)
+        self.metrics.loss_ratio.labels(peer.node).set(stats.loss_ratio)
+
+    def _record_unreachable(self, peer: PlannedPeer, reason: str) -> None:
+        """A window in which ``peer`` answered nothing: reported as a full-loss window."""
         s = self.settings
-        while True:
-            try:
-                stats = await measure_link(peer.target, s.probe, self.token)
-            except PeerUnreachableError as exc:
-                log.info("peer %s unreachable: %s", peer.node, exc)
-                self.reporter.add(
-                    unreachable_summary(
-                        s.node,
-                        peer.node,
-                        str(peer.target),
-                        s.probe.window_s,
-                        s.probe.rate_pps,
-                        self.wall_clock(),
-                    )
-                )
-                self.metrics.loss_ratio.labels(peer.node).set(1.0)
-                await asyncio.sleep(min(s.probe.window_s, 5.0))
-                continue
-            except NetworkError as exc:
-                log.warning("probing %s failed: %s", peer.node, exc)
-                await asyncio.sleep(min(s.probe.window_s, 5.0))
-                continue
-            summary = probe_summary(s.node, peer.node, stats, self.wall_clock())
-            self.reporter.add(summary)
-            if stats.rtt_ms is not None:
-                self.metrics.rtt_p50_ms.labels(peer.node).set(stats.rtt_ms.p50)
-                self._last_stats[peer.node] = (stats.rtt_ms.p50, stats.loss_ratio)
-            self.metrics.loss_ratio.labels(peer.node).set(stats.loss_ratio)
+        log.info("peer %s unreachable: %s", peer.node, reason)
+        self.reporter.add(
+            unreachable_summary(
+                s.node,
+                peer.node,
+                str(peer.target),
+                s.probe.window_s,
+                s.probe.rate_pps,
+                self.wall_clock(),
+            )
+        )
+        self.metrics.loss_ratio.labels(peer.node).set(1.0)
 
     async def _bandwidth_loop(self) -> None:
         while True:

@@ -7,6 +7,7 @@ to the group below.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from typing import Any
@@ -14,17 +15,6 @@ from typing import Any
 import click
 
 from netopt import __version__
-from netopt.cli import (
-    agent_cmd,
-    bench_cmd,
-    config_cmd,
-    coordinator_cmd,
-    demo_cmd,
-    lab_cmd,
-    nccl_cmd,
-    probe_cmd,
-    transfer_cmd,
-)
 from netopt.cli.output import err_console, print_json
 from netopt.errors import EXIT_FAILURE, EXIT_USAGE, NetoptError
 
@@ -33,7 +23,43 @@ __all__ = ["cli", "main"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Command name -> "module:attribute". Modules are imported only when their command
+# runs (or help lists it): importing all of them costs most of a second per call.
+COMMANDS = {
+    "agent": "netopt.cli.agent_cmd:agent_command",
+    "bench": "netopt.cli.bench_cmd:bench_group",
+    "cache": "netopt.cli.cache_cmd:cache_group",
+    "config": "netopt.cli.config_cmd:config_group",
+    "coordinator": "netopt.cli.coordinator_cmd:coordinator_command",
+    "demo": "netopt.cli.demo_cmd:demo",
+    "doctor": "netopt.cli.doctor_cmd:doctor_command",
+    "lab": "netopt.cli.lab_cmd:lab_group",
+    "nccl-env": "netopt.cli.nccl_cmd:nccl_env",
+    "plan": "netopt.cli.transfer_cmd:plan_command",
+    "probe": "netopt.cli.probe_cmd:probe_group",
+    "serve": "netopt.cli.transfer_cmd:serve_command",
+    "status": "netopt.cli.coordinator_cmd:status_command",
+    "sync": "netopt.cli.transfer_cmd:sync_command",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attribute = target.split(":")
+        command = getattr(importlib.import_module(module_name), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="netopt")
 @click.option(
     "--log-level",
@@ -50,19 +76,6 @@ def cli(log_level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-
-
-cli.add_command(agent_cmd.agent_command)
-cli.add_command(config_cmd.config_group)
-cli.add_command(demo_cmd.demo)
-cli.add_command(coordinator_cmd.coordinator_command)
-cli.add_command(coordinator_cmd.status_command)
-cli.add_command(lab_cmd.lab_group)
-for _command in (transfer_cmd.serve_command, transfer_cmd.sync_command, transfer_cmd.plan_command):
-    cli.add_command(_command)
-cli.add_command(probe_cmd.probe_group)
-cli.add_command(nccl_cmd.nccl_env)
-cli.add_command(bench_cmd.bench_group)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,10 +20,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from netopt.cache.s3 import S3Options
+from netopt.cache.sources import SourceOptions
+from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.cli.output import console, err_console, print_json
-from netopt.dataplane.client import ClientOptions, sync_url
+from netopt.dataplane.client import ClientOptions
 from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
-from netopt.dataplane.sync import SyncProgress, SyncSummary
+from netopt.dataplane.sync import SyncProgress
 from netopt.errors import StorageError, ValidationError
 from netopt.transfer.planner import LinkProfile, TransferPlan, plan_transfer
 from netopt.transfer.profile import load_cpu_profile, sample_file
@@ -185,9 +188,38 @@ class _Bar:
 
 
 @click.command("sync")
-@click.argument("url")
+@click.argument("source")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--dry-run", is_flag=True, help="Show the plan and the bytes to move; move nothing.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Chunk cache (default: cache.dir of --config, else ~/.cache/netopt/cache).",
+)
+@click.option(
+    "--capacity",
+    "capacity",
+    default=None,
+    help="Cache capacity, e.g. 50GiB (default: cache.capacity_bytes of --config, else kept).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Agent config: cache.dir, cache.capacity_bytes and region come from it.",
+)
+@click.option(
+    "--datasets",
+    "datasets_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Dataset catalogue (datasets.yaml) whose residency rules apply.",
+)
+@click.option("--region", default=None, help="This node's region (default: from --config).")
+@click.option("--name", default=None, help="Dataset name (default: from SOURCE).")
 @click.option(
     "--streams",
     type=click.IntRange(1, 64),
@@ -226,55 +258,108 @@ class _Bar:
     show_default=True,
     help="Link loss ratio for the plan.",
 )
+@click.option(
+    "--chunk-size",
+    "chunk_size_bytes",
+    type=click.IntRange(64 * 1024, 64 * 1024**2),
+    default=1024 * 1024,
+    show_default=True,
+    help="Average chunk size in bytes when chunking a path or a web directory here.",
+)
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the token.")
+@click.option(
+    "--s3-endpoint-url",
+    default=None,
+    help="s3://: the S3-compatible endpoint, e.g. https://minio.local:9000 (default: AWS).",
+)
+@click.option("--s3-region", default=None, help="s3://: the region (default: env or profile).")
+@click.option(
+    "--s3-profile",
+    default=None,
+    help="s3://: the AWS config profile (default: AWS_ACCESS_KEY_ID etc. from the env).",
+)
 def sync_command(
-    url: str,
+    source: str,
     dest: str,
     as_json: bool,
+    dry_run: bool,
+    cache_dir: str | None,
+    capacity: str | None,
+    config_file: str | None,
+    datasets_file: str | None,
+    region: str | None,
+    name: str | None,
     streams: int | None,
     rate_limit_mbps: float | None,
     cc: str,
     level: int | None,
     link_rate_mbps: float | None,
     link_loss: float,
+    chunk_size_bytes: int,
     token_file: str | None,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
 ) -> int:
-    """Fetch the dataset at URL (netopt://HOST:PORT/NAME) into DEST; resumable."""
-    options = ClientOptions(
+    """Fetch SOURCE into DEST through the node's chunk cache; resumable, delta re-syncs.
+
+    SOURCE is a directory, netopt://HOST:PORT/NAME, a netopt manifest URL
+    (http(s)://HOST:PORT/v1/datasets/NAME), a web server's directory listing
+    (http(s)://HOST/PATH/) or an S3-compatible bucket prefix (s3://BUCKET/PREFIX;
+    credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or --s3-profile).
+    Exit codes: 0 ok, 1 failure, 2 bad input or a
+    residency refusal.
+    """
+    from netopt.cli.cache_cmd import resolve_cache
+
+    client = ClientOptions(
         token=_read_token(token_file),
         congestion_control=_cc(cc),
         rate_limit_bps=rate_limit_mbps * 1e6 if rate_limit_mbps else None,
     )
-    bar = _Bar(enabled=not as_json and err_console.is_terminal)
-    plans: list[TransferPlan] = []
-    link_rate_bps = link_rate_mbps * 1e6 if link_rate_mbps else None
-
-    async def go() -> tuple[SyncSummary, TransferPlan]:
-        return await sync_url(
-            url,
-            dest,
-            options,
+    where = resolve_cache(cache_dir, capacity, config_file, region, datasets_file)
+    request = SyncRequest(
+        source=source,
+        dest=dest,
+        cache_dir=where.cache_dir,
+        capacity_bytes=where.capacity_bytes,
+        dry_run=dry_run,
+        region=where.region,
+        catalogue=where.catalogue,
+        source_options=SourceOptions(
+            client=client,
+            name=name,
+            avg_chunk_bytes=chunk_size_bytes,
             streams=streams,
             zstd_level=level,
-            link_rate_bps=link_rate_bps,
+            link_rate_bps=link_rate_mbps * 1e6 if link_rate_mbps else None,
             link_loss_ratio=link_loss,
-            on_plan=plans.append,
-            on_progress=bar.update,
-        )
-
+            s3=S3Options(endpoint_url=s3_endpoint_url, region=s3_region, profile=s3_profile),
+        ),
+    )
+    bar = _Bar(enabled=not as_json and not dry_run and err_console.is_terminal)
     with bar.progress:
-        summary, plan = asyncio.run(go())
-    data = {**summary.to_dict(), "plan": plan.to_dict()}
+        report = asyncio.run(run_sync(request, on_progress=bar.update))
     if as_json:
-        print_json(data)
-    else:
+        print_json(report.to_dict())
+        return 0
+    plan = report.plan
+    if dry_run:
         console.print(
-            f"{summary.files} files ({summary.files_written} written, "
-            f"{summary.files_skipped} up to date): {summary.logical_bytes} bytes, "
-            f"{summary.wire_bytes} on the wire (ratio {summary.compression_ratio:.2f}), "
-            f"{summary.seconds:.2f} s, {summary.throughput_bps / 1e6:.1f} Mbit/s effective, "
-            f"{summary.goodput_bps / 1e6:.1f} Mbit/s on the wire"
+            f"{report.dataset}: {plan.files_to_write} of {plan.files_total} files to write "
+            f"({plan.bytes_to_write} bytes): {plan.bytes_to_fetch} bytes to fetch in "
+            f"{plan.chunks_to_fetch} chunks, {plan.bytes_reused} bytes from the cache"
         )
+        return 0
+    summary = report.summary
+    assert summary is not None
+    console.print(
+        f"{summary.files} files ({summary.files_written} written, "
+        f"{summary.files_skipped} up to date): {summary.logical_bytes} bytes, "
+        f"{report.wire_bytes} on the wire (ratio {summary.compression_ratio:.2f}), "
+        f"{plan.bytes_reused} reused from the cache, {report.seconds:.2f} s, "
+        f"{summary.throughput_bps / 1e6:.1f} Mbit/s effective"
+    )
     return 0
 
 
@@ -287,26 +372,82 @@ def run_plan(
     size_bytes: int | None,
     codec_cache: str | None,
     max_streams: int,
+    link: LinkProfile | None = None,
 ) -> TransferPlan:
-    """Sample ``sample``, load this node's codec profile and plan the transfer."""
+    """Sample ``sample``, load this node's codec profile and plan the transfer.
+
+    ``link`` (e.g. from the coordinator) replaces the rate/RTT/loss figures.
+    """
     try:
         size = size_bytes if size_bytes is not None else os.path.getsize(sample)
     except OSError as exc:
         raise StorageError(f"cannot read {sample}: {exc}") from exc
     profile = sample_file(sample)
     cpu = load_cpu_profile(codec_cache)
-    link = LinkProfile(
+    link = link or LinkProfile(
         rate_bps=rate_mbps * 1e6,
         rtt_ms=rtt_ms,
         loss_ratio=loss_ratio,
         congestion_control=cast(Any, cc),
     )
-    return plan_transfer(size, profile, link, cpu, max_streams=max_streams)
+    return plan_transfer(size, profile, link, cpu, max_streams=max_streams, startup_s=cpu.startup_s)
+
+
+def _coordinator_link(
+    url: str,
+    to_node: str,
+    from_node: str | None,
+    config: str | None,
+    token_file: str | None,
+    window_s: float,
+    cc: str,
+) -> tuple[LinkProfile, tuple[str, ...]]:
+    from netopt.transfer.coordinator_link import (
+        coordinator_token,
+        fetch_link_profile,
+        local_node_name,
+    )
+
+    src = local_node_name(from_node, config)
+    token = coordinator_token(token_file)
+    return asyncio.run(
+        fetch_link_profile(
+            url, token, src, to_node, window_s=window_s, congestion_control=cast(Any, cc)
+        )
+    )
 
 
 @click.command("plan")
-@click.option("--rate-mbps", type=click.FloatRange(min=0.001), required=True)
-@click.option("--rtt-ms", type=click.FloatRange(min=0.001), required=True)
+@click.option("--rate-mbps", type=click.FloatRange(min=0.001), default=None)
+@click.option("--rtt-ms", type=click.FloatRange(min=0.001), default=None)
+@click.option("--coordinator", default=None, help="Take the link figures from this coordinator.")
+@click.option("--to", "to_node", default=None, help="With --coordinator: the receiving node.")
+@click.option(
+    "--from",
+    "from_node",
+    default=None,
+    help="With --coordinator: this (sending) node (default: node of --config).",
+)
+@click.option(
+    "--config",
+    "agent_config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Agent config naming this node (with --coordinator).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Coordinator token file (default: NETOPT_TOKEN).",
+)
+@click.option(
+    "--window-s",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="With --coordinator: the measurement window.",
+)
 @click.option(
     "--loss",
     "loss_ratio",
@@ -338,8 +479,14 @@ def run_plan(
 @click.option("--codec-cache", type=click.Path(dir_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(
-    rate_mbps: float,
-    rtt_ms: float,
+    rate_mbps: float | None,
+    rtt_ms: float | None,
+    coordinator: str | None,
+    to_node: str | None,
+    from_node: str | None,
+    agent_config: str | None,
+    token_file: str | None,
+    window_s: float,
     loss_ratio: float,
     sample: str,
     cc: str,
@@ -348,8 +495,27 @@ def plan_command(
     codec_cache: str | None,
     as_json: bool,
 ) -> int:
-    """Plan a transfer (codec, chunk size, streams, predicted time) over a described link."""
-    plan = run_plan(rate_mbps, rtt_ms, loss_ratio, sample, cc, size_bytes, codec_cache, max_streams)
+    """Plan a transfer (codec, chunk size, streams, predicted time) over a link.
+
+    The link is described (--rate-mbps, --rtt-ms, --loss) or measured: --coordinator
+    URL --to NODE [--from NODE | --config AGENT_CONFIG] takes the pair's figures from
+    the coordinator (exit 2 naming the pair when it has none).
+    """
+    link: LinkProfile | None = None
+    if coordinator is not None or to_node is not None:
+        if coordinator is None or to_node is None:
+            raise ValidationError("--coordinator URL and --to NODE go together")
+        link, notes = _coordinator_link(
+            coordinator, to_node, from_node, agent_config, token_file, window_s, cc
+        )
+    elif rate_mbps is None or rtt_ms is None:
+        raise ValidationError("give --rate-mbps and --rtt-ms, or --coordinator URL --to NODE")
+    plan = run_plan(
+        rate_mbps or 0.0, rtt_ms or 0.0, loss_ratio, sample, cc, size_bytes, codec_cache,
+        max_streams, link,
+    )  # fmt: skip
+    if link is not None:
+        plan = dataclasses.replace(plan, reasons=(*notes, *plan.reasons))
     if as_json:
         print_json(plan.to_dict())
         return 0

@@ -3,7 +3,8 @@
 ``create_app(settings, deps) -> web.Application``. Handlers parse and validate,
 call :class:`~netopt.coordinator.service.Coordinator`, and serialise. Every
 error is a JSON body ``{"error": NAME, "message": TEXT[, "field": PATH]}``:
-400 invalid request, 401 missing/wrong token, 404 unknown node or route,
+400 invalid request, 401 missing/wrong token, 403 residency refusal, 404 unknown node
+or route,
 405 wrong method, 413 body over ``max_request_bytes``, 503 storage failure.
 """
 
@@ -33,8 +34,14 @@ from netopt.coordinator.schema import (
     SummaryBatch,
     check_node_name,
 )
-from netopt.coordinator.service import Coordinator, NotFoundError
-from netopt.errors import AuthenticationError, NetoptError, StorageError, ValidationError
+from netopt.coordinator.service import Coordinator, NotFoundError, PlacementRequest
+from netopt.errors import (
+    AuthenticationError,
+    NetoptError,
+    ResidencyError,
+    StorageError,
+    ValidationError,
+)
 
 __all__ = ["COORDINATOR", "METRICS", "CoordinatorDeps", "create_app"]
 
@@ -71,6 +78,8 @@ def _status_of(exc: NetoptError) -> int:
         return 401
     if isinstance(exc, NotFoundError):
         return 404
+    if isinstance(exc, ResidencyError):
+        return 403
     if isinstance(exc, ValidationError):
         return 400
     if isinstance(exc, StorageError):
@@ -231,6 +240,11 @@ async def fleet_plan(request: web.Request) -> web.Response:
     )
 
 
+async def placements(request: web.Request) -> web.Response:
+    req = PlacementRequest.from_dict(await _body(request))
+    return _json(request.app[COORDINATOR].placement(req))
+
+
 async def openapi(request: web.Request) -> web.Response:
     return _json(openapi_document())
 
@@ -256,6 +270,7 @@ ROUTES: tuple[tuple[str, str, RouteHandler], ...] = (
     ("GET", "/api/v1/links/{src}/{dst}/history", history),
     ("GET", "/api/v1/regions", regions),
     ("GET", "/api/v1/plan", fleet_plan),
+    ("POST", "/api/v1/placements", placements),
     ("GET", "/openapi.json", openapi),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics_endpoint),

@@ -19,7 +19,12 @@ from typing import Any
 import aiohttp
 
 from netopt.coordinator.schema import Heartbeat, Registration, SummaryBatch
-from netopt.errors import AuthenticationError, PeerUnreachableError, ValidationError
+from netopt.errors import (
+    AuthenticationError,
+    PeerUnreachableError,
+    ResidencyError,
+    ValidationError,
+)
 
 __all__ = ["CoordinatorClient", "CoordinatorRejected"]
 
@@ -119,6 +124,22 @@ class CoordinatorClient:
         result: dict[str, Any] = await self.request(
             "POST", f"/api/v1/agents/{node}/summaries", batch.to_dict()
         )
+        return result
+
+    async def check_placement(self, dataset: str, node: str) -> dict[str, Any]:
+        """Ask whether ``dataset`` may be placed on ``node``; the 200 answer when it may.
+
+        Raises ResidencyError (the coordinator's message, naming the rule) on a 403,
+        CoordinatorRejected for an unknown node (404) or a bad name (400).
+        """
+        try:
+            result: dict[str, Any] = await self.request(
+                "POST", "/api/v1/placements", {"dataset": dataset, "node": node}
+            )
+        except CoordinatorRejected as exc:
+            if exc.status == 403:
+                raise ResidencyError(str(exc.body.get("message", exc))) from None
+            raise
         return result
 
     async def get(self, path: str, **params: float | str) -> dict[str, Any]:

@@ -128,6 +128,15 @@ def _schemas() -> dict[str, Any]:
         "Links": {"type": "object", "description": "per (src, dst): latest figures, RTT "
                   "percentiles over the window's summary medians, pooled loss, latest bandwidth"},
         "Regions": {"type": "object", "description": "per unordered region pair"},
+        "Placement": {"type": "object", "additionalProperties": False, "required": ["dataset"],
+            "description": "exactly one of node (registered) or region", "properties": {
+            "dataset": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
+            "node": NAME, "region": NAME}},
+        "PlacementAnswer": {"type": "object", "properties": {
+            "allowed": {"const": True}, "dataset": {"type": "string"}, "node": NAME,
+            "region": NAME, "residency": {"type": ["array", "null"], "items": NAME},
+            "note": {"type": "string", "description": "set when the dataset is not in the "
+                     "catalogue (datasets_file): no rule applies"}}},
         "History": {"type": "object", "properties": {
             "summaries": {"type": "array", "items": _ref("LinkSummary")}}},
     }  # fmt: skip
@@ -153,6 +162,15 @@ def _op(summary: str, ok: str | None, body: str | None = None, **params: Any) ->
         {"name": name, "in": where, "required": where == "path", "schema": schema}
         for name, (where, schema) in params.items()
     ]
+    return op
+
+
+def _placement_op() -> dict[str, Any]:
+    op = _op("May a dataset's chunks be placed on this node (residency rules of the "
+             "catalogue in datasets_file)?", "PlacementAnswer", "Placement")  # fmt: skip
+    op["responses"]["403"] = {"description": "refused: the dataset's residency excludes the "
+                              "node's region (the message names the rule)", "content": {
+                              "application/json": {"schema": _ref("Error")}}}  # fmt: skip
     return op
 
 
@@ -196,6 +214,7 @@ def openapi_document() -> dict[str, Any]:
                 src=node, dst=node, window_s=window, limit=limit)},
             "/api/v1/regions": {"get": _op("Region-pair aggregates", "Regions", window_s=window)},
             "/api/v1/plan": {"get": _op("The whole fleet's plan", None)},
+            "/api/v1/placements": {"post": _placement_op()},
             "/metrics": {"get": {"summary": "Prometheus metrics (token required)",
                                  "responses": {"200": {"description": "text format 0.0.4"}}}},
             "/healthz": {"get": {"summary": "Liveness, no token", "security": [],

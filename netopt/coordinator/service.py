@@ -14,15 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from netopt.config import CoordinatorSettings
+from netopt.cache.residency import residency_violation
+from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
+from netopt.config.common import DATASET_NAME_RE, NAME_RE
 from netopt.coordinator.database import Database
+from netopt.coordinator.fields import Reader
 from netopt.coordinator.matrix import link_figures, region_figures
 from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
 from netopt.coordinator.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
-from netopt.errors import NetoptError
+from netopt.errors import NetoptError, ResidencyError
 
-__all__ = ["Coordinator", "NodeState", "NotFoundError", "node_state"]
+__all__ = ["Coordinator", "NodeState", "NotFoundError", "PlacementRequest", "node_state"]
 
 NodeState = Literal["live", "stale", "left"]
 PLAN_CACHE_S = 1.0
@@ -39,6 +42,28 @@ def node_state(node: StoredNode, now_s: float, stale_after_s: float) -> NodeStat
     if node.left_at_s is not None:
         return "left"
     return "stale" if now_s - node.last_seen_s > stale_after_s else "live"
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """``POST /api/v1/placements``: may ``dataset``'s chunks go to ``node`` (or ``region``)?"""
+
+    dataset: str
+    node: str | None = None
+    region: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: object) -> PlacementRequest:
+        """Parse the body; RequestInvalid unless it names a dataset and one of node/region."""
+        r = Reader(data, keys=frozenset(("dataset", "node", "region")))
+        dataset = r.string("dataset", max_len=128, pattern=DATASET_NAME_RE)
+        if ".." in dataset:
+            raise RequestInvalid("dataset", "must not contain '..'")
+        node = r.string("node", max_len=63, pattern=NAME_RE, required=False)
+        region = r.string("region", max_len=63, pattern=NAME_RE, required=False)
+        if (node is None) == (region is None):
+            raise RequestInvalid("node", "give exactly one of node or region")
+        return cls(dataset, node, region)
 
 
 @dataclass
@@ -64,6 +89,10 @@ class Coordinator:
         self._plan = _PlanCache()
         self._planning: asyncio.Task[None] | None = None
         self._replan_started_s = float("-inf")
+        self.catalogue: DatasetsSettings | None = None
+        if settings.datasets_file is not None:
+            # ConfigError (naming the file) here stops the coordinator at startup.
+            self.catalogue = load_settings(settings.datasets_file, "datasets")
         pp = settings.probe_plan
         self.plan_options = PlanOptions(
             per_node_budget=pp.per_node_budget,
@@ -117,6 +146,27 @@ class Coordinator:
         if node is None:
             raise NotFoundError(f"node {name!r} is not registered; register first")
         return node
+
+    def placement(self, req: PlacementRequest) -> dict[str, Any]:
+        """Whether the catalogue lets ``req.dataset`` be placed on the node or region.
+
+        Raises NotFoundError for an unregistered node and ResidencyError (naming the
+        rule) when the dataset's residency excludes the region. A dataset missing
+        from the catalogue (or no catalogue) is allowed, and the answer says so.
+        """
+        region = req.region if req.node is None else self._known(req.node).region
+        spec = None if self.catalogue is None else self.catalogue.get(req.dataset)
+        reason = residency_violation(spec, region)
+        if reason is not None:
+            raise ResidencyError(f"refused: {reason}")
+        answer: dict[str, Any] = {"allowed": True, "dataset": req.dataset, "region": region}
+        if req.node is not None:
+            answer["node"] = req.node
+        if spec is None:
+            answer["note"] = "dataset is not in the catalogue: no residency rule applies"
+        else:
+            answer["residency"] = None if spec.residency is None else list(spec.residency)
+        return answer
 
     async def heartbeat(self, name: str, beat: Heartbeat) -> dict[str, Any]:
         """Mark the node alive (a node that had left is back); persisted in batches."""

@@ -17,6 +17,7 @@ import asyncio
 import os
 import secrets
 import struct
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -117,12 +118,52 @@ class ChunkSink(Protocol):
         ...
 
 
+_local = threading.local()
+
+
+def _compressor(zstd_level: int) -> zstandard.ZstdCompressor:
+    # One context per thread and level: building one costs more than a small chunk's work.
+    cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "cctx", None)
+    if cache is None:
+        cache = _local.cctx = {}
+    cctx = cache.get(zstd_level)
+    if cctx is None:
+        cctx = cache[zstd_level] = zstandard.ZstdCompressor(level=zstd_level)
+    return cctx
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    dctx: zstandard.ZstdDecompressor | None = getattr(_local, "dctx", None)
+    if dctx is None:
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
 def encode_chunk(data: bytes, zstd_level: int | None) -> tuple[bytes, Codec]:
     """Compress ``data`` at ``zstd_level``; raw bytes when off or when zstd does not shrink it."""
     if zstd_level is None or zstd_level <= 0:
         return data, "identity"
-    frame: bytes = zstandard.ZstdCompressor(level=zstd_level).compress(data)
+    frame: bytes = _compressor(zstd_level).compress(data)
     return (frame, "zstd") if len(frame) < len(data) else (data, "identity")
+
+
+def _decompress_bounded(payload: bytes, length_bytes: int) -> bytes:
+    """Decompress one frame into at most ``length_bytes + 1`` bytes."""
+    dctx = _decompressor()
+    if zstandard.frame_content_size(payload) == length_bytes:
+        # The frame states the expected size: one-shot decompression into exactly that
+        # buffer (2-3x faster than streaming); a frame whose content differs fails.
+        out: bytes = dctx.decompress(payload)
+        return out
+    # Unknown or different stated size: stream, never holding more than length + 1 bytes.
+    reader = dctx.stream_reader(payload)
+    data = reader.read(length_bytes + 1)
+    while len(data) <= length_bytes:
+        more = reader.read(length_bytes + 1 - len(data))
+        if not more:
+            break
+        data += more
+    return bytes(data)
 
 
 def decode_chunk(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
@@ -134,13 +175,7 @@ def decode_chunk(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
     """
     if raw.codec == "zstd":
         try:
-            reader = zstandard.ZstdDecompressor().stream_reader(raw.payload)
-            data = reader.read(length_bytes + 1)
-            while len(data) <= length_bytes:
-                more = reader.read(length_bytes + 1 - len(data))
-                if not more:
-                    break
-                data += more
+            data = _decompress_bounded(raw.payload, length_bytes)
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"chunk {chunk_id[:16]}: bad zstd frame: {exc}") from exc
     else:
@@ -214,10 +249,15 @@ class DirChunkSink:
     Each chunk is written to a temporary name, fsynced and renamed, so a chunk
     file that exists is complete; `get` verifies again and drops a chunk that
     no longer matches.
+
+    ``fsync=False`` skips the per-chunk fsync (a resume store does not need it): a
+    stored chunk then survives a crash of the process but maybe not of the machine,
+    and one torn by a power loss fails `get`'s check and is fetched again, never used.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root)
+        self.fsync = fsync
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".tmp-*"):
@@ -241,8 +281,9 @@ class DirChunkSink:
         try:
             with tmp.open("wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, final)
         except OSError as exc:
             tmp.unlink(missing_ok=True)

@@ -11,8 +11,8 @@ TOKEN`` unless the server was started without a token):
                                                 frames (`chunkio.FRAME_HEADER` + payload)
 
 The batch route keeps a connection busy for many chunks (no idle round trip
-between them, no slow-start restart), and compresses the next chunk while the
-current one is being sent.
+between them, no slow-start restart), and compresses the next few chunks while
+the current one is being sent.
 
 A chunk response carries ``X-Netopt-Codec: zstd|identity``. Chunks are found
 through an index built from the manifest, never from a path in the request, and
@@ -27,7 +27,7 @@ import hmac
 import logging
 import os
 import socket
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 MAX_ZSTD_LEVEL = 19
 MAX_BATCH_CHUNKS = 1024
+_AHEAD = 3
+"""Chunks of one batch being read and compressed ahead of the one being sent."""
 AUTH_HEADER = "Authorization"
 
 
@@ -216,13 +218,26 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     executor = request.app[EXECUTOR]
     resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
     await resp.prepare(request)
-    upcoming = loop.run_in_executor(executor, _read_and_encode, ds, ids[0], level)
+    # Compress up to _AHEAD chunks ahead of the one being sent, so the pool never waits
+    # on the socket and the socket never waits on one chunk's compression.
+    upcoming: deque[asyncio.Future[tuple[bytes, Codec]]] = deque()
+    queued = 0
+
+    def refill() -> None:
+        nonlocal queued
+        while queued < len(ids) and len(upcoming) < _AHEAD:
+            upcoming.append(
+                loop.run_in_executor(executor, _read_and_encode, ds, ids[queued], level)
+            )
+            queued += 1
+
+    chunk_id = ids[0]
     try:
-        for i, chunk_id in enumerate(ids):
+        refill()
+        for chunk_id in ids:
             stats.chunk_requests[chunk_id] += 1
-            payload, codec = await upcoming
-            if i + 1 < len(ids):
-                upcoming = loop.run_in_executor(executor, _read_and_encode, ds, ids[i + 1], level)
+            payload, codec = await upcoming.popleft()
+            refill()
             await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
             stats.payload_bytes_sent += len(payload)
     except (StorageError, IntegrityError) as exc:
@@ -232,8 +247,10 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
             request.transport.close()
         return resp
     finally:
-        if not upcoming.done():
-            upcoming.cancel()
+        for future in upcoming:
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: nobody will send this chunk now
+            future.cancel()
     await resp.write_eof()
     return resp
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from netopt.dataplane.assemble import FileAssembler, scan_destination
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
+from netopt.dataplane.held import HeldSink
 from netopt.errors import (
     IntegrityError,
     NetoptError,
@@ -53,6 +54,8 @@ class SyncOptions:
     worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     batch_bytes: int = 8 * 1024 * 1024
     """At most this many logical bytes per request; less near the end, to keep streams even."""
+    hold_bytes: int = 128 * 1024 * 1024
+    """Verified chunks kept in memory until their files are written (no read-back, no re-hash)."""
 
 
 @dataclass(frozen=True)
@@ -327,8 +330,10 @@ async def sync_manifest(
     opts = options or SyncOptions()
     started_s = time.monotonic()
     dest_real, pending, skipped = await asyncio.to_thread(scan_destination, Path(dest), manifest)
+    uses: Counter[str] = Counter(ref.chunk_id for entry, _ in pending for ref in entry.chunks)
+    held = HeldSink(sink, uses, opts.hold_bytes)
     with ThreadPoolExecutor(max_workers=max(1, opts.worker_threads)) as executor:
-        run = _Run(manifest, source, sink, dest_real, opts, on_progress, executor)
+        run = _Run(manifest, source, held, dest_real, opts, on_progress, executor)
         missing: dict[str, None] = {}
         reused: set[str] = set()
         for entry, _ in pending:
@@ -347,7 +352,7 @@ async def sync_manifest(
         available = set(reused)
         assemblers = [
             FileAssembler(
-                entry, target, sink, available, run.in_thread, run.fetch_verified, run.file_done
+                entry, target, held, available, run.in_thread, run.fetch_verified, run.file_done
             )
             for entry, target in pending
         ]

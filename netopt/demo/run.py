@@ -256,11 +256,13 @@ def _transfer(
             ), stdout=log, stderr=log)  # fmt: skip
         return f"netopt://{site.address(node)}:{port}/demo-data"
 
-    def sync(node: str, url: str, dest: Path) -> dict[str, Any]:
+    def sync(node: str, url: str, dest: Path, cache: str = "cache") -> dict[str, Any]:
+        # Each node has its own chunk cache (they share this machine's disk).
+        cache_dir = work / node / cache
         before = lab.counters() if lab is not None else None
         for _ in range(50):  # the server may still be starting
             proc = site.exec(node, _netopt(
-                "sync", url, str(dest), "--json", *token,
+                "sync", url, str(dest), "--json", *token, "--cache-dir", str(cache_dir),
                 "--link-rate-mbps", f"{cross.link_mbps:.3f}",
                 "--link-loss", f"{min(cross.loss_ratio, 0.5):.6f}",
             ), check=False, timeout_s=600)  # fmt: skip
@@ -288,7 +290,8 @@ def _transfer(
         summary = sync(node, peer_url, work / node / "demo-data")
         report.syncs.append({"node": node, "source": far[0], "kind": "peer", **summary})
         say(f"{node} syncs straight from {origin_node} (the naive way, for comparison)")
-        summary = sync(node, origin_url, work / node / "naive")
+        # The naive download starts from an empty cache, as a node without netopt would.
+        summary = sync(node, origin_url, work / node / "naive", cache="naive-cache")
         report.syncs.append({"node": node, "source": origin_node, "kind": "naive", **summary})
     if lab is not None:
         by_kind: dict[str, int] = {}

@@ -132,16 +132,14 @@ def measure_stamps(
             wait_s = max(0.0, min(next_send_s if seq < count else deadline_s, deadline_s) - now_s)
             select.select([sock], [], [], wait_s)
             batch, _errors = recv_batch(sock, clock)
-            for datagram in batch:
+            for data, _addr, rx_ns in batch:
                 try:
-                    reply = decode(datagram.data, key)
+                    reply = decode(data, key)
                 except PacketError:
                     continue
                 if reply.kind == KIND_REPLY and reply.session == session and reply.seq in sent:
                     t1 = sent.pop(reply.seq)
-                    samples.append(
-                        StampSample(t1, reply.refl_rx_ns, reply.refl_tx_ns, datagram.rx_ns)
-                    )
+                    samples.append(StampSample(t1, reply.refl_rx_ns, reply.refl_tx_ns, rx_ns))
     finally:
         sock.close()
     return samples

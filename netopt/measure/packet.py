@@ -47,6 +47,7 @@ __all__ = [
     "MalformedPacketError",
     "OversizedPacketError",
     "PacketError",
+    "PacketFields",
     "PacketKey",
     "ProbePacket",
     "ReplayWindow",
@@ -54,7 +55,10 @@ __all__ = [
     "TruncatedPacketError",
     "UnauthenticatedPacketError",
     "decode",
+    "decode_fields",
     "encode",
+    "encode_reply",
+    "encode_request",
     "make_reply",
 ]
 
@@ -124,7 +128,7 @@ class PacketKey:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 
-    def tag(self, data: bytes | memoryview) -> bytes:
+    def tag(self, data: bytes | bytearray | memoryview) -> bytes:
         """The 16-byte tag of ``data``: HMAC-SHA256 truncated, as STAMP does."""
         inner = self._inner.copy()
         inner.update(data)
@@ -144,6 +148,22 @@ class ProbePacket:
     refl_rx_ns: int = 0
     refl_tx_ns: int = 0
     padding_bytes: int = 0
+
+
+def _padding(size: int) -> bytes:
+    """``size`` zero bytes (shared objects for the usual sizes)."""
+    return _ZEROS[size] if size < len(_ZEROS) else bytes(size)
+
+
+_ZEROS: Final = tuple(bytes(n) for n in range(257))
+
+
+def _seal(header: bytes, padding_bytes: int, key: PacketKey) -> bytes:
+    body = header + _padding(padding_bytes) if padding_bytes else header
+    return body + key.tag(body)
+
+
+_pack_header = _HEADER.pack
 
 
 def encode(packet: ProbePacket, key: PacketKey) -> bytes:
@@ -169,8 +189,69 @@ def encode(packet: ProbePacket, key: PacketKey) -> bytes:
         )
     except struct.error as exc:
         raise ValueError(f"packet field out of range: {exc}") from None
-    body = header + bytes(packet.padding_bytes)
+    return _seal(header, packet.padding_bytes, key)
+
+
+def encode_request(
+    session: int, seq: int, sender_ns: int, padding_bytes: int, key: PacketKey
+) -> bytes:
+    """``encode`` of a request, without building a ProbePacket (the prober's hot path).
+
+    Raises ValueError (struct.error) for fields outside their wire ranges.
+    """
+    body = _pack_header(
+        MAGIC, VERSION, KIND_REQUEST, session, seq, padding_bytes, sender_ns & _U64, 0, 0
+    )
+    if padding_bytes:
+        body += _padding(padding_bytes)
     return body + key.tag(body)
+
+
+def encode_reply(fields: PacketFields, refl_rx_ns: int, refl_tx_ns: int, key: PacketKey) -> bytes:
+    """The reply datagram to a request whose :func:`decode_fields` are ``fields``
+    (same session, seq, sender time and size; the reflector's hot path)."""
+    _, session, seq, pad_len, sender_ns, _, _ = fields
+    body = _pack_header(
+        MAGIC, VERSION, KIND_REPLY, session, seq, pad_len, sender_ns, refl_rx_ns & _U64,
+        refl_tx_ns & _U64,
+    )  # fmt: skip
+    if pad_len:
+        body += _padding(pad_len)
+    return body + key.tag(body)
+
+
+PacketFields = tuple[int, int, int, int, int, int, int]
+"""``(kind, session, seq, pad_len, sender_ns, refl_rx_ns, refl_tx_ns)``."""
+
+
+def decode_fields(data: bytes | bytearray | memoryview, key: PacketKey) -> PacketFields:
+    """Parse and authenticate one datagram into a plain tuple (see :data:`PacketFields`).
+
+    The same checks and errors as :func:`decode`, without building a ProbePacket.
+    """
+    size = len(data)
+    if size > MAX_PACKET_BYTES:
+        raise OversizedPacketError(f"{size} bytes is more than {MAX_PACKET_BYTES}")
+    if size < MIN_PACKET_BYTES:
+        raise TruncatedPacketError(f"{size} bytes is less than {MIN_PACKET_BYTES}")
+    # Plain slices: for datagrams this small they are cheaper than memoryviews.
+    magic, version, kind, session, seq, pad_len, sender_ns, rx_ns, tx_ns = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise MalformedPacketError("not a netopt probe packet (bad magic)")
+    if version != VERSION:
+        raise MalformedPacketError(f"unsupported probe version {version}")
+    if kind != KIND_REQUEST and kind != KIND_REPLY:
+        raise MalformedPacketError(f"unknown packet kind {kind}")
+    body_bytes = HEADER_BYTES + pad_len
+    if size != body_bytes + TAG_BYTES:
+        if size < body_bytes + TAG_BYTES:
+            raise TruncatedPacketError(
+                f"{size} bytes, but its header says {body_bytes + TAG_BYTES}"
+            )
+        raise MalformedPacketError(f"{size} bytes, but its header says {body_bytes + TAG_BYTES}")
+    if not hmac.compare_digest(key.tag(data[:body_bytes]), data[body_bytes:]):
+        raise UnauthenticatedPacketError("bad authentication tag")
+    return kind, session, seq, pad_len, sender_ns, rx_ns, tx_ns
 
 
 def decode(data: bytes | bytearray | memoryview, key: PacketKey) -> ProbePacket:
@@ -179,27 +260,7 @@ def decode(data: bytes | bytearray | memoryview, key: PacketKey) -> ProbePacket:
     Raises OversizedPacketError, TruncatedPacketError, MalformedPacketError or
     UnauthenticatedPacketError (all PacketError, a ProtocolError); never anything else.
     """
-    size = len(data)
-    if size > MAX_PACKET_BYTES:
-        raise OversizedPacketError(f"{size} bytes is more than {MAX_PACKET_BYTES}")
-    if size < MIN_PACKET_BYTES:
-        raise TruncatedPacketError(f"{size} bytes is less than {MIN_PACKET_BYTES}")
-    view = memoryview(data)
-    magic, version, kind, session, seq, pad_len, sender_ns, rx_ns, tx_ns = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise MalformedPacketError("not a netopt probe packet (bad magic)")
-    if version != VERSION:
-        raise MalformedPacketError(f"unsupported probe version {version}")
-    if kind not in (KIND_REQUEST, KIND_REPLY):
-        raise MalformedPacketError(f"unknown packet kind {kind}")
-    expected = MIN_PACKET_BYTES + pad_len
-    if size < expected:
-        raise TruncatedPacketError(f"{size} bytes, but its header says {expected}")
-    if size > expected:
-        raise MalformedPacketError(f"{size} bytes, but its header says {expected}")
-    body = view[: size - TAG_BYTES]
-    if not hmac.compare_digest(key.tag(body), bytes(view[size - TAG_BYTES :])):
-        raise UnauthenticatedPacketError("bad authentication tag")
+    kind, session, seq, pad_len, sender_ns, rx_ns, tx_ns = decode_fields(data, key)
     return ProbePacket(kind, session, seq, sender_ns, rx_ns, tx_ns, pad_len)
 
 

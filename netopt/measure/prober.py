@@ -18,15 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from netopt.errors import PeerUnreachableError, ValidationError
-from netopt.measure.packet import (
-    KIND_REPLY,
-    KIND_REQUEST,
-    PacketError,
-    PacketKey,
-    ProbePacket,
-    decode,
-    encode,
-)
+from netopt.measure.packet import KIND_REPLY, PacketError, PacketKey, decode_fields, encode_request
 from netopt.measure.samples import SYSTEM_CLOCK, Clock, ProbeSeries, ProbeTarget, Reply
 from netopt.measure.udpsock import next_tick_s, open_udp_socket, recv_batch
 
@@ -80,15 +72,14 @@ class _Session:
 
     def take(self, data: bytes, t4_ns: int) -> None:
         try:
-            packet = decode(data, self.key)
+            kind, session, seq, _, _, refl_rx_ns, refl_tx_ns = decode_fields(data, self.key)
         except PacketError:
             self.rejected += 1
             return
-        seq = packet.seq
-        if packet.kind != KIND_REPLY or packet.session != self.session or seq >= len(self.sent_ns):
+        if kind != KIND_REPLY or session != self.session or seq >= len(self.sent_ns):
             self.rejected += 1
             return
-        turnaround_ns = max(0, packet.refl_tx_ns - packet.refl_rx_ns)
+        turnaround_ns = max(0, refl_tx_ns - refl_rx_ns)
         rtt_ms = max(0, t4_ns - self.sent_ns[seq] - turnaround_ns) / 1e6
         self.replies.append(Reply(seq, t4_ns / 1e9, rtt_ms))
         self.answered.add(seq)
@@ -155,8 +146,8 @@ class UdpProber:
             now_s = loop.time()
             batch, errors = recv_batch(sock, self.clock)
             state.socket_errors += errors
-            for datagram in batch:
-                state.take(datagram.data, datagram.rx_ns)
+            for data, _, rx_ns in batch:
+                state.take(data, rx_ns)
             if self.stop_at_first_reply and state.answered:
                 return
             while seq < len(offsets) and start_s + offsets[seq] <= now_s:
@@ -171,11 +162,8 @@ class UdpProber:
     def _send(self, sock: socket.socket, state: _Session, seq: int) -> None:
         t1_ns = self.clock.now_ns()
         state.sent_ns.append(t1_ns)
-        packet = ProbePacket(
-            KIND_REQUEST, state.session, seq, t1_ns, padding_bytes=self.padding_bytes
-        )
         try:
-            sock.send(encode(packet, state.key))
+            sock.send(encode_request(state.session, seq, t1_ns, self.padding_bytes, state.key))
         except OSError:
             # A full buffer or an ICMP error reported here: the probe is lost.
             state.socket_errors += 1

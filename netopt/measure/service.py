@@ -15,7 +15,7 @@ from netopt.errors import NetworkError
 from netopt.measure.bandwidth import BulkSink, measure_bandwidth
 from netopt.measure.iperf import DEFAULT_IPERF3_PORT, IperfResult, run_iperf3
 from netopt.measure.link import measure_link
-from netopt.measure.reflector import Reflector
+from netopt.measure.reflector import DEFAULT_BATCH_S, Reflector
 from netopt.measure.samples import SYSTEM_CLOCK, Clock, ProbeTarget
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import BandwidthResult, choose_streams
@@ -33,13 +33,22 @@ class ProbeServer:
     sink: BulkSink
 
     @classmethod
-    async def start(cls, token: str, host: str = "127.0.0.1", port: int = 0) -> ProbeServer:
+    async def start(
+        cls,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        batch_s: float = DEFAULT_BATCH_S,
+    ) -> ProbeServer:
         """Bind both on ``host:port``; with port 0, a free number both protocols accept.
 
-        Raises NetworkError when the address cannot be bound.
+        ``batch_s`` is the reflector's timer grid (pass ``ProbeSettings.batch_s``
+        so it wakes together with the prober). Raises NetworkError when the
+        address cannot be bound.
         """
         for _ in range(_PORT_TRIES if port == 0 else 1):
-            reflector = await Reflector.start(token, host, port)
+            reflector = await Reflector.start(token, host, port, batch_s=batch_s)
             try:
                 sink = await BulkSink.start(token, host, reflector.port)
             except NetworkError:

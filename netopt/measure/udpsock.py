@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 import socket
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from netopt.errors import NetworkError, PeerUnreachableError
 from netopt.measure.packet import MAX_PACKET_BYTES
@@ -23,17 +22,15 @@ __all__ = ["Datagram", "next_tick_s", "open_udp_socket", "recv_batch"]
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; not exported by Python
 _TIMESPEC = struct.Struct("@ll")
+_TIMESPEC_BYTES = _TIMESPEC.size
+_SOL_SOCKET = socket.SOL_SOCKET
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 _READ_BYTES = MAX_PACKET_BYTES + 1  # one more, so an oversized datagram shows as such
 
 
-@dataclass(frozen=True, slots=True)
-class Datagram:
-    """One received datagram: its bytes, sender and kernel arrival time (ns)."""
-
-    data: bytes
-    addr: Any
-    rx_ns: int
+Datagram: TypeAlias = tuple[bytes, Any, int]
+"""One received datagram: ``(data, sender address, kernel arrival time in ns)``
+(a plain tuple: the cheapest thing to build per packet)."""
 
 
 def next_tick_s(now_s: float, tick_s: float) -> float:
@@ -92,9 +89,11 @@ def recv_batch(sock: socket.socket, clock: Clock, limit: int = 4096) -> tuple[li
     """
     batch: list[Datagram] = []
     errors = 0
+    recvmsg = sock.recvmsg
+    unpack = _TIMESPEC.unpack_from
     for _ in range(limit):
         try:
-            data, ancillary, _flags, addr = sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
+            data, ancillary, _flags, addr = recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
         except (BlockingIOError, InterruptedError):
             break
         except OSError:
@@ -102,9 +101,8 @@ def recv_batch(sock: socket.socket, clock: Clock, limit: int = 4096) -> tuple[li
             continue
         rx_ns = 0
         for level, kind, payload in ancillary:
-            stamped = level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
-            if stamped and len(payload) >= _TIMESPEC.size:
-                seconds, nanos = _TIMESPEC.unpack_from(payload)
+            if level == _SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC_BYTES:
+                seconds, nanos = unpack(payload)
                 rx_ns = seconds * 1_000_000_000 + nanos
-        batch.append(Datagram(data, addr, rx_ns or clock.now_ns()))
+        batch.append((data, addr, rx_ns or clock.now_ns()))
     return batch, errors

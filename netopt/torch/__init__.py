@@ -2,11 +2,24 @@
 
 - :func:`apply_comm_hook` / :func:`apply_advice`: register the DDP communication
   hook ``netopt nccl-env`` advised on a ``DistributedDataParallel`` model.
+- :class:`CachedDataset` / :class:`CachedSampler`: a map-style dataset over a synced
+  dataset's files that prefetches ahead of the sampler and feeds the cache's access
+  statistics (works with DataLoader worker processes).
 - :mod:`netopt.torch.bench`: the all-reduce benchmark behind ``netopt bench allreduce``.
 """
 
 from __future__ import annotations
 
+from netopt.torch.dataset import CachedDataset, CachedSampler, JournalStats
 from netopt.torch.hooks import HOOKS, AppliedHook, apply_advice, apply_comm_hook, import_torch
 
-__all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
+__all__ = [
+    "HOOKS",
+    "AppliedHook",
+    "CachedDataset",
+    "CachedSampler",
+    "JournalStats",
+    "apply_advice",
+    "apply_comm_hook",
+    "import_torch",
+]

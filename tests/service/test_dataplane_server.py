@@ -190,11 +190,12 @@ def test_cli_sync_unreachable_is_a_clear_error(tmp_path: Path, monkeypatch, caps
     cache.write_text(
         json.dumps(
             {
-                "version": 2,
+                "version": 3,
                 "cores": 2,
-                "compress_bytes_per_s": {},
-                "decompress_bytes_per_s": {},
+                "compress_bytes_per_s": {"1": 3e8, "3": 1e8, "5": 6e7, "7": 4e7, "9": 3e7},
+                "decompress_bytes_per_s": {"1": 9e8, "3": 9e8, "5": 9e8, "7": 9e8, "9": 9e8},
                 "hash_bytes_per_s": 1e9,
+                "startup_s": 0.5,
             }
         )
     )
@@ -213,11 +214,12 @@ def test_cli_plan_json(tmp_path: Path, monkeypatch, capsys) -> None:
     cache.write_text(
         json.dumps(
             {
-                "version": 2,
+                "version": 3,
                 "cores": 2,
-                "compress_bytes_per_s": {"1": 3e8, "3": 1.5e8, "6": 6e7, "9": 3e7},
-                "decompress_bytes_per_s": {"1": 9e8, "3": 9e8, "6": 9e8, "9": 9e8},
+                "compress_bytes_per_s": {"1": 3e8, "3": 1.5e8, "5": 9e7, "7": 6e7, "9": 3e7},
+                "decompress_bytes_per_s": {"1": 9e8, "3": 9e8, "5": 9e8, "7": 9e8, "9": 9e8},
                 "hash_bytes_per_s": 2e9,
+                "startup_s": 0.5,
             }
         )
     )

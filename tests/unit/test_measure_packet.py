@@ -22,7 +22,10 @@ from netopt.measure.packet import (
     TruncatedPacketError,
     UnauthenticatedPacketError,
     decode,
+    decode_fields,
     encode,
+    encode_reply,
+    encode_request,
     make_reply,
 )
 
@@ -151,3 +154,33 @@ def test_tag_is_truncated_hmac_sha256(data: bytes) -> None:
     token = "cluster-token-0123456789"
     key = hmac.new(token.encode(), b"netopt-probe-v1", hashlib.sha256).digest()
     assert PacketKey(token).tag(data) == hmac.digest(key, data, "sha256")[:16]
+
+
+@given(
+    session=st.integers(0, 2**64 - 1),
+    seq=st.integers(0, 2**32 - 1),
+    sender_ns=st.integers(0, 2**64 - 1),
+    padding=st.integers(0, 300),
+    rx_ns=st.integers(0, 2**64 - 1),
+    tx_ns=st.integers(0, 2**64 - 1),
+)
+@settings(max_examples=50)
+def test_fast_paths_match_encode_and_decode(
+    session: int, seq: int, sender_ns: int, padding: int, rx_ns: int, tx_ns: int
+) -> None:
+    request = ProbePacket(KIND_REQUEST, session, seq, sender_ns, padding_bytes=padding)
+    wire = encode_request(session, seq, sender_ns, padding, KEY)
+    assert wire == encode(request, KEY)
+    fields = decode_fields(wire, KEY)
+    assert fields == (KIND_REQUEST, session, seq, padding, sender_ns, 0, 0)
+    assert encode_reply(fields, rx_ns, tx_ns, KEY) == encode(make_reply(request, rx_ns, tx_ns), KEY)
+
+
+def test_decode_fields_rejects_what_decode_rejects() -> None:
+    wire = encode_request(7, 1, 123, 0, KEY)
+    with pytest.raises(UnauthenticatedPacketError):
+        decode_fields(wire, OTHER)
+    with pytest.raises(TruncatedPacketError):
+        decode_fields(wire[:-1], KEY)
+    with pytest.raises(MalformedPacketError):
+        decode_fields(wire + b"x", KEY)

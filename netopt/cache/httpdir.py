@@ -1,0 +1,185 @@
+"""A dataset served as a directory listing by any web server (nginx, ``python -m http.server``).
+
+The listing is crawled (links under the base URL only, at most `MAX_FILES`
+files, `MAX_DEPTH` levels). Such a server has no manifest, so a file is chunked
+here after one full download; what it was cut into is remembered per URL with
+its size, ETag and Last-Modified (in ``state_dir``), so a re-sync downloads
+only the files that changed and asks for chunks it lacks with range requests
+(see `netopt.cache.remotefiles`, shared with the S3 source).
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
+
+import aiohttp
+
+from netopt.cache.remotefiles import (
+    BuiltEntries,
+    RemoteFile,
+    SpooledChunkSource,
+    build_entries,
+    load_state,
+    save_state,
+    spool_dir,
+    spool_stream,
+)
+from netopt.dataplane.chunkio import RawChunk
+from netopt.dataplane.client import ClientOptions
+from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
+from netopt.transfer.manifest import Manifest, validate_rel_path
+
+__all__ = ["MAX_DEPTH", "MAX_FILES", "HttpDirSource", "list_links", "open_http_dir"]
+
+MAX_FILES = 100_000
+MAX_DEPTH = 16
+_STATE_FILE = "httpdir.json"
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs.extend(v for k, v in attrs if k == "href" and v)
+
+
+def list_links(html: str, page_url: str, base_url: str) -> tuple[list[str], list[str]]:
+    """(files, subdirectories) linked from a listing page, as absolute URLs under ``base_url``."""
+    parser = _Links()
+    parser.feed(html)
+    files: list[str] = []
+    dirs: list[str] = []
+    for href in parser.hrefs:
+        target = urljoin(page_url, href).split("#", 1)[0]
+        if "?" in target or not target.startswith(base_url) or target == page_url:
+            continue
+        if len(target) <= len(page_url) or not target.startswith(page_url):
+            continue
+        (dirs if target.endswith("/") else files).append(target)
+    return sorted(set(files)), sorted(set(dirs))
+
+
+class HttpDirSource(SpooledChunkSource):
+    """`ChunkSource` over files on a web server: spooled downloads first, else range requests."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, manifest: Manifest, built: BuiltEntries
+    ) -> None:
+        super().__init__(manifest, built, self._read_range)
+        self.session = session
+
+    async def _read_range(self, remote: RemoteFile, offset: int, length: int) -> RawChunk:
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+        url = remote.key
+        try:
+            async with self.session.get(url, headers=headers) as resp:
+                if resp.status not in (200, 206):
+                    raise NetworkError(f"{url}: HTTP {resp.status}")
+                body = await resp.read()
+        except aiohttp.ClientError as exc:
+            raise NetworkError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        # A server without range support sends the whole file: slice it (and count it all).
+        data = body if resp.status == 206 else body[offset : offset + length]
+        return RawChunk(data, "identity", len(body))
+
+
+async def _crawl(session: aiohttp.ClientSession, base: str) -> tuple[list[str], int]:
+    files: list[str] = []
+    pages = [(base, 0)]
+    wire_bytes = 0
+    while pages:
+        page, depth = pages.pop()
+        async with session.get(page) as resp:
+            if resp.status != 200:
+                raise NetworkError(f"{page}: HTTP {resp.status}")
+            body = await resp.read()
+            wire_bytes += len(body)
+        found, subdirs = list_links(body.decode("utf-8", "replace"), page, base)
+        files.extend(found)
+        if len(files) > MAX_FILES:
+            raise ProtocolError(f"{base}: more than {MAX_FILES} files")
+        if depth < MAX_DEPTH:
+            pages.extend((d, depth + 1) for d in subdirs)
+    return sorted(files), wire_bytes
+
+
+async def _describe(session: aiohttp.ClientSession, base: str, url: str) -> RemoteFile:
+    async with session.head(url) as resp:
+        if resp.status != 200:
+            raise NetworkError(f"{url}: HTTP {resp.status}")
+        size = int(resp.headers.get("Content-Length", "-1"))
+        modified = resp.headers.get("Last-Modified", "")
+        validator = f"{size}|{resp.headers.get('ETag', '')}|{modified}"
+    mtime_ns = 0
+    if modified:
+        try:
+            mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 10**9
+        except (TypeError, ValueError):
+            mtime_ns = 0
+    rel = validate_rel_path(unquote(urlsplit(url).path[len(urlsplit(base).path) :]))
+    return RemoteFile(url, rel, size, validator, mtime_ns)
+
+
+async def _download(
+    session: aiohttp.ClientSession, remote: RemoteFile, spool: Path
+) -> tuple[Path, int]:
+    async with session.get(remote.key) as resp:
+        if resp.status != 200:
+            raise NetworkError(f"{remote.key}: HTTP {resp.status}")
+        return await spool_stream(spool, resp.content.iter_chunked(1 << 20))
+
+
+@asynccontextmanager
+async def open_http_dir(
+    url: str, name: str, client: ClientOptions, avg_chunk_bytes: int, state_dir: str | None
+) -> AsyncIterator[Any]:
+    """Open ``url`` (a listing) as an `OpenedSource` of kind ``http-dir``.
+
+    Raises PeerUnreachableError / NetworkError / ProtocolError for the server,
+    StorageError when downloads cannot be spooled.
+    """
+    from netopt.cache.sources import OpenedSource
+
+    base = url if url.endswith("/") else url + "/"
+    state_path = Path(state_dir) / _STATE_FILE if state_dir else None
+    headers = {"Authorization": f"Bearer {client.token}"} if client.token else {}
+    timeout = aiohttp.ClientTimeout(
+        sock_connect=client.connect_timeout_s, sock_read=client.read_timeout_s
+    )
+    try:
+        known = await load_state(state_path)
+        async with (
+            spool_dir("netopt-httpdir-") as spool,
+            aiohttp.ClientSession(
+                headers=headers, timeout=timeout, auto_decompress=False
+            ) as session,
+        ):
+            try:
+                urls, listing_bytes = await _crawl(session, base)
+                remotes = [await _describe(session, base, u) for u in urls]
+
+                async def download(remote: RemoteFile, spool: Path) -> tuple[Path, int]:
+                    return await _download(session, remote, spool)
+
+                built = await build_entries(remotes, known, spool, avg_chunk_bytes, download)
+            except aiohttp.ClientConnectorError as exc:
+                raise PeerUnreachableError(f"{base} is unreachable: {exc}") from exc
+            except aiohttp.ClientError as exc:
+                raise NetworkError(f"{base}: {type(exc).__name__}: {exc}") from exc
+            entries = tuple(sorted(built.entries, key=lambda e: e.path))
+            manifest = Manifest(name, entries, avg_chunk_bytes)
+            source = HttpDirSource(session, manifest, built)
+            await save_state(state_path, known)
+            overhead_bytes = listing_bytes + built.wire_bytes
+            yield OpenedSource("http-dir", name, manifest, source, 4, overhead_bytes)
+    except OSError as exc:
+        raise StorageError(f"cannot spool downloads of {base}: {exc}") from exc

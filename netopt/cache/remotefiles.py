@@ -1,0 +1,201 @@
+"""Shared machinery of sources that hold plain files but no manifest (web dirs, S3 buckets).
+
+Such a file is chunked here after one full download; what it was cut into is
+remembered in a state file keyed by the file's remote name, with a validator
+(size, ETag, Last-Modified), so a re-sync downloads only files whose validator
+changed and asks for the chunks it lacks with ranged reads. Downloads wait in a
+spool directory until the sync has taken their chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from netopt.chunking import chunk_file
+from netopt.dataplane.chunkio import RawChunk
+from netopt.fsutil import atomic_write_bytes
+from netopt.transfer.manifest import FileEntry, Manifest, manifest_from_dict
+
+__all__ = [
+    "BuiltEntries",
+    "Download",
+    "ReadRange",
+    "RemoteFile",
+    "SpooledChunkSource",
+    "build_entries",
+    "load_state",
+    "save_state",
+    "spool_dir",
+    "spool_stream",
+]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One remote file: ``key`` names it in the state file, ``path`` in the manifest."""
+
+    key: str
+    path: str
+    size_bytes: int
+    validator: str
+    mtime_ns: int
+
+
+Download = Callable[[RemoteFile, Path], Awaitable[tuple[Path, int]]]
+"""Download a whole file into the spool dir: (its spool path, bytes on the wire)."""
+
+ReadRange = Callable[[RemoteFile, int, int], Awaitable[RawChunk]]
+"""Read ``length`` bytes at ``offset`` of a file (RawChunk.wire_bytes counts the wire)."""
+
+
+@dataclass
+class BuiltEntries:
+    """A manifest's file entries, the remote file behind each path, the spooled downloads."""
+
+    entries: list[FileEntry] = field(default_factory=list)
+    remotes: dict[str, RemoteFile] = field(default_factory=dict)
+    spooled: dict[str, Path] = field(default_factory=dict)
+    wire_bytes: int = 0
+
+
+class SpooledChunkSource:
+    """`ChunkSource` over remote files: spooled downloads first, else ranged reads."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        built: BuiltEntries,
+        read_range: ReadRange,
+    ) -> None:
+        self.manifest = manifest
+        self.remotes = built.remotes
+        self.spooled = built.spooled
+        self.read_range = read_range
+        self.where: dict[str, tuple[str, int, int]] = {}
+        for entry in manifest.files:
+            for ref in entry.chunks:
+                self.where.setdefault(
+                    ref.chunk_id, (entry.path, ref.offset_bytes, ref.length_bytes)
+                )
+
+    async def fetch_manifest(self) -> Manifest:
+        return self.manifest
+
+    @staticmethod
+    def _read_spool(path: Path, offset: int, length: int) -> bytes:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        rel, offset, length = self.where[chunk_id]
+        if rel in self.spooled:  # already paid for while building the manifest
+            data = await asyncio.to_thread(self._read_spool, self.spooled[rel], offset, length)
+            return RawChunk(data, "identity", 0)
+        return await self.read_range(self.remotes[rel], offset, length)
+
+    async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
+        for chunk_id, length in wanted:
+            yield await self.fetch_chunk(chunk_id, length)
+
+
+def _chunk(path: Path, remote: RemoteFile, avg_chunk_bytes: int) -> FileEntry:
+    chunks = tuple(chunk_file(path, avg_chunk_bytes))
+    return FileEntry(remote.path, path.stat().st_size, 0o644, remote.mtime_ns, chunks)
+
+
+def _entry_to_state(remote: RemoteFile, entry: FileEntry) -> dict[str, Any]:
+    return {
+        "validator": remote.validator,
+        "size_bytes": entry.size_bytes,
+        "chunks": [[c.chunk_id, c.length_bytes] for c in entry.chunks],
+    }
+
+
+def _entry_from_state(remote: RemoteFile, memo: dict[str, Any]) -> FileEntry:
+    raw = {"path": remote.path, "size_bytes": memo["size_bytes"], "mode": 0o644}
+    raw |= {"mtime_ns": remote.mtime_ns, "chunks": memo["chunks"]}
+    return manifest_from_dict({"name": "x", "files": [raw]}).files[0]
+
+
+async def build_entries(
+    remotes: Sequence[RemoteFile],
+    known: dict[str, Any],
+    spool: Path,
+    avg_chunk_bytes: int,
+    download: Download,
+) -> BuiltEntries:
+    """Entries for ``remotes``: from ``known`` when the validator matches, else downloaded.
+
+    Updates ``known`` in place (save it with `save_state` once the manifest is
+    built). Raises what ``download`` raises; OSError when the spool is unwritable.
+    """
+    built = BuiltEntries()
+    for remote in remotes:
+        memo = known.get(remote.key)
+        if memo is not None and memo.get("validator") == remote.validator:
+            entry = _entry_from_state(remote, memo)
+        else:
+            path, got = await download(remote, spool)
+            built.wire_bytes += got
+            entry = await asyncio.to_thread(_chunk, path, remote, avg_chunk_bytes)
+            built.spooled[remote.path] = path
+        built.entries.append(entry)
+        built.remotes[remote.path] = remote
+        known[remote.key] = _entry_to_state(remote, entry)
+    return built
+
+
+def _load(state_path: Path | None) -> dict[str, Any]:
+    if state_path is None or not state_path.is_file():
+        return {}
+    try:
+        return dict(json.loads(state_path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+async def load_state(state_path: Path | None) -> dict[str, Any]:
+    """The remembered chunking per remote key; empty when absent or unreadable."""
+    return await asyncio.to_thread(_load, state_path)
+
+
+def _save(state_path: Path, known: dict[str, Any]) -> None:
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(state_path, json.dumps(known).encode())
+
+
+async def save_state(state_path: Path | None, known: dict[str, Any]) -> None:
+    """Write ``known`` atomically (no-op without a path); OSError when the disk refuses."""
+    if state_path is not None:
+        await asyncio.to_thread(_save, state_path, known)
+
+
+@asynccontextmanager
+async def spool_dir(prefix: str) -> AsyncIterator[Path]:
+    """A temporary spool directory, removed on exit; OSError when it cannot be made."""
+    spool = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=prefix))
+    try:
+        yield spool
+    finally:
+        await asyncio.to_thread(shutil.rmtree, spool, True)
+
+
+async def spool_stream(spool: Path, pieces: AsyncIterable[bytes]) -> tuple[Path, int]:
+    """Write ``pieces`` to a new file in ``spool``: (its path, bytes written); OSError on disk."""
+    fd, name = tempfile.mkstemp(dir=spool)
+    got = 0
+    with os.fdopen(fd, "wb") as f:
+        async for piece in pieces:
+            await asyncio.to_thread(f.write, piece)
+            got += len(piece)
+    return Path(name), got

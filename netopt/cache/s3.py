@@ -1,0 +1,314 @@
+"""An S3-compatible bucket prefix as a sync SOURCE: ``s3://BUCKET[/PREFIX]``.
+
+Objects are listed with ListObjectsV2 (at most `MAX_FILES`), each key below the
+prefix becoming a relative path (refused when it would escape DEST). Like a web
+directory (`netopt.cache.httpdir`), a bucket has no manifest: an object is
+downloaded once and chunked here, and its chunking is remembered with its size,
+ETag and LastModified, so a re-sync downloads only changed objects and reads
+the chunks it lacks with ranged GETs pinned to the listed ETag (If-Match).
+
+The client is aiobotocore (the ``s3`` extra). Credentials come from botocore's
+usual chain: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, a
+named profile, or instance metadata; they never appear in messages. Every
+request is bounded by the client's connect and read timeouts and a few retries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from netopt.cache.httpdir import MAX_FILES
+from netopt.cache.remotefiles import (
+    BuiltEntries,
+    RemoteFile,
+    SpooledChunkSource,
+    build_entries,
+    load_state,
+    save_state,
+    spool_dir,
+    spool_stream,
+)
+from netopt.dataplane.chunkio import RawChunk
+from netopt.dataplane.client import ClientOptions
+from netopt.errors import (
+    AuthenticationError,
+    DependencyError,
+    NetoptError,
+    NetworkError,
+    PathTraversalError,
+    PeerUnreachableError,
+    ProtocolError,
+    StorageError,
+    ValidationError,
+)
+from netopt.transfer.manifest import Manifest, validate_rel_path
+
+__all__ = [
+    "S3Options",
+    "S3Url",
+    "object_rel_path",
+    "open_s3",
+    "parse_s3_url",
+    "remote_from_listing",
+    "s3_error",
+]
+
+_STATE_FILE = "s3.json"
+_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+_READ_PIECE_BYTES = 1 << 20
+_AUTH_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "403",
+    }
+)
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach an S3-compatible service; None means botocore's default (env, profile)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class S3Url:
+    """A parsed ``s3://`` SOURCE; ``prefix`` is empty or ends with ``/``."""
+
+    bucket: str
+    prefix: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+def parse_s3_url(spec: str) -> S3Url:
+    """``s3://BUCKET[/PREFIX]`` -> S3Url; ValidationError for a malformed URL or bucket name."""
+    if not spec.startswith("s3://"):
+        raise ValidationError(f"SOURCE {spec!r} is not an s3:// URL")
+    bucket, _, prefix = spec[len("s3://") :].partition("/")
+    if not _BUCKET_RE.match(bucket):
+        raise ValidationError(f"SOURCE {spec!r}: {bucket!r} is not a valid bucket name")
+    if any(ch in prefix for ch in "?#") or any(ord(ch) < 32 for ch in prefix):
+        raise ValidationError(f"SOURCE {spec!r}: the prefix has a query, fragment or control char")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return S3Url(bucket, prefix)
+
+
+def object_rel_path(url: S3Url, key: str) -> str:
+    """The relative path of object ``key`` under ``url``'s prefix.
+
+    Raises PathTraversalError (naming the object) for keys that would escape
+    DEST: ``..`` or empty components, absolute, NUL or control characters.
+    """
+    rel = key[len(url.prefix) :] if key.startswith(url.prefix) else key
+    try:
+        return validate_rel_path(rel)
+    except PathTraversalError as exc:
+        raise PathTraversalError(f"{url}: object key {key!r} refused: {exc}") from None
+
+
+def remote_from_listing(url: S3Url, state_scope: str, obj: dict[str, Any]) -> RemoteFile | None:
+    """A ListObjectsV2 ``Contents`` item as a RemoteFile; None for a ``dir/`` marker object.
+
+    ``state_scope`` (the endpoint) keeps equal bucket names on different
+    services apart in the state file. Raises PathTraversalError for unsafe keys.
+    """
+    key = str(obj["Key"])
+    size_bytes = int(obj.get("Size", 0))
+    if key.endswith("/") and size_bytes == 0:
+        return None
+    rel = object_rel_path(url, key)
+    modified = obj.get("LastModified")
+    mtime_ns = int(modified.timestamp()) * 10**9 if modified is not None else 0
+    stamp = modified.isoformat() if modified is not None else ""
+    validator = f"{size_bytes}|{obj.get('ETag', '')}|{stamp}"
+    return RemoteFile(
+        f"{state_scope}|s3://{url.bucket}/{key}", rel, size_bytes, validator, mtime_ns
+    )
+
+
+def _object_key(remote: RemoteFile) -> str:
+    return remote.key.split("|", 1)[1].split("/", 3)[3]
+
+
+def _etag(remote: RemoteFile) -> str:
+    return remote.validator.split("|")[1]
+
+
+def s3_error(exc: Exception, url: S3Url, endpoint: str) -> NetoptError:
+    """A netopt error for a botocore/aiobotocore exception met while reading ``url``.
+
+    NoSuchBucket -> ValidationError; AccessDenied, bad keys, missing credentials
+    -> AuthenticationError; connection failures -> PeerUnreachableError; the
+    rest -> NetworkError. Messages name the bucket, prefix and endpoint, never
+    credentials.
+    """
+    from botocore import exceptions as bx
+
+    where = f"{url} at {endpoint}"
+    if isinstance(exc, bx.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", "?"))
+        if code == "NoSuchBucket":
+            return ValidationError(f"{where}: bucket {url.bucket!r} does not exist")
+        if code in _AUTH_CODES:
+            return AuthenticationError(f"{where}: access refused ({code}); check the credentials")
+        if code in ("NoSuchKey", "404", "PreconditionFailed", "412"):
+            return NetworkError(f"{where}: an object changed during the sync ({code}); re-run")
+        return NetworkError(f"{where}: {code}: {error.get('Message', '')}")
+    if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return AuthenticationError(
+            f"{where}: no usable credentials (set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or --s3-profile)"
+        )
+    if isinstance(exc, bx.ProfileNotFound):
+        return ValidationError(f"{where}: {exc}")
+    if isinstance(exc, bx.ParamValidationError):
+        return ValidationError(f"{where}: {exc}")
+    if isinstance(exc, bx.ConnectionError):
+        return PeerUnreachableError(f"{where} is unreachable: {type(exc).__name__}")
+    if isinstance(exc, bx.ReadTimeoutError | TimeoutError):
+        return NetworkError(f"{where}: read timed out")
+    if isinstance(exc, bx.BotoCoreError):
+        return NetworkError(f"{where}: {type(exc).__name__}: {exc}")
+    return ProtocolError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _boto_errors() -> tuple[type[Exception], ...]:
+    from botocore import exceptions as bx
+
+    return (bx.BotoCoreError, bx.ClientError, TimeoutError)
+
+
+class S3ChunkSource(SpooledChunkSource):
+    """`ChunkSource` over S3 objects: spooled downloads first, else ranged GETs (If-Match)."""
+
+    def __init__(
+        self, client: Any, url: S3Url, endpoint: str, manifest: Manifest, built: BuiltEntries
+    ) -> None:
+        super().__init__(manifest, built, self._read_range)
+        self.client = client
+        self.url = url
+        self.endpoint = endpoint
+
+    async def _read_range(self, remote: RemoteFile, offset: int, length: int) -> RawChunk:
+        key = _object_key(remote)
+        end = offset + length - 1
+        try:
+            resp = await self.client.get_object(
+                Bucket=self.url.bucket,
+                Key=key,
+                Range=f"bytes={offset}-{end}",
+                IfMatch=_etag(remote),
+            )
+            async with resp["Body"] as stream:
+                body = bytes(await stream.read())
+        except _boto_errors() as exc:
+            raise s3_error(exc, self.url, self.endpoint) from exc
+        # A service without range support sends the whole object: slice it (and count it all).
+        data = body[offset : offset + length] if len(body) > length else body
+        return RawChunk(data, "identity", len(body))
+
+
+async def _list(client: Any, url: S3Url, scope: str) -> list[RemoteFile]:
+    remotes: list[RemoteFile] = []
+    paginator = client.get_paginator("list_objects_v2")
+    async for page in paginator.paginate(Bucket=url.bucket, Prefix=url.prefix):
+        for obj in page.get("Contents", []):
+            remote = remote_from_listing(url, scope, obj)
+            if remote is not None:
+                remotes.append(remote)
+        if len(remotes) > MAX_FILES:
+            raise ProtocolError(f"{url}: more than {MAX_FILES} objects")
+    return sorted(remotes, key=lambda r: r.path)
+
+
+def _client_args(s3: S3Options, client: ClientOptions) -> dict[str, Any]:
+    from aiobotocore.config import AioConfig
+
+    config = AioConfig(
+        connect_timeout=client.connect_timeout_s,
+        read_timeout=client.read_timeout_s,
+        retries={"max_attempts": s3.max_attempts, "mode": "standard"},
+    )
+    return {"endpoint_url": s3.endpoint_url, "region_name": s3.region, "config": config}
+
+
+@asynccontextmanager
+async def open_s3(
+    spec: str,
+    name: str,
+    client: ClientOptions,
+    s3: S3Options,
+    avg_chunk_bytes: int,
+    state_dir: str | None,
+) -> AsyncIterator[Any]:
+    """Open ``s3://BUCKET[/PREFIX]`` as an `OpenedSource` of kind ``s3``.
+
+    Raises ValidationError (bad URL, no such bucket, unknown profile),
+    PathTraversalError (an unsafe key), AuthenticationError, PeerUnreachableError,
+    NetworkError / ProtocolError, DependencyError without aiobotocore, and
+    StorageError when downloads cannot be spooled.
+    """
+    from netopt.cache.sources import OpenedSource
+
+    url = parse_s3_url(spec)
+    try:
+        from aiobotocore.session import AioSession
+    except ImportError as exc:
+        raise DependencyError("s3:// sources need aiobotocore: pip install 'netopt[s3]'") from exc
+    endpoint = s3.endpoint_url or "the default AWS endpoint"
+    scope = s3.endpoint_url or "aws"
+    state_path = Path(state_dir) / _STATE_FILE if state_dir else None
+    try:
+        known = await load_state(state_path)
+        async with spool_dir("netopt-s3-") as spool:
+            try:
+                session = AioSession(profile=s3.profile)
+                client_cm = session.create_client("s3", **_client_args(s3, client))
+            except ValueError as exc:  # a malformed endpoint URL
+                raise ValidationError(f"--s3-endpoint-url {s3.endpoint_url!r}: {exc}") from exc
+            except _boto_errors() as exc:
+                raise s3_error(exc, url, endpoint) from exc
+            try:
+                s3_client = await client_cm.__aenter__()
+            except _boto_errors() as exc:
+                raise s3_error(exc, url, endpoint) from exc
+            try:
+
+                async def download(remote: RemoteFile, spool: Path) -> tuple[Path, int]:
+                    resp = await s3_client.get_object(
+                        Bucket=url.bucket, Key=_object_key(remote), IfMatch=_etag(remote)
+                    )
+                    async with resp["Body"] as stream:
+                        return await spool_stream(spool, stream.iter_chunks(_READ_PIECE_BYTES))
+
+                try:
+                    remotes = await _list(s3_client, url, scope)
+                    built = await build_entries(remotes, known, spool, avg_chunk_bytes, download)
+                except _boto_errors() as exc:
+                    raise s3_error(exc, url, endpoint) from exc
+                manifest = Manifest(name, tuple(built.entries), avg_chunk_bytes)
+                source = S3ChunkSource(s3_client, url, endpoint, manifest, built)
+                await save_state(state_path, known)
+                yield OpenedSource("s3", name, manifest, source, 4, built.wire_bytes)
+            finally:
+                await client_cm.__aexit__(None, None, None)
+    except OSError as exc:
+        raise StorageError(f"cannot spool downloads of {url}: {exc}") from exc

@@ -1,0 +1,210 @@
+"""Where ``netopt sync`` reads a dataset from: SOURCE strings turned into `ChunkSource`s.
+
+- a local or mounted directory: chunked here (FastCDC, BLAKE3), read in place;
+- ``netopt://HOST:PORT/NAME``: a ``netopt serve`` server or another agent;
+- ``http(s)://HOST:PORT/v1/datasets/NAME[/manifest]``: the same server named by its
+  manifest URL;
+- ``http(s)://HOST/PATH/``: a directory listing served by any web server (see
+  `netopt.cache.httpdir`);
+- ``s3://BUCKET[/PREFIX]``: objects of an S3-compatible service (see `netopt.cache.s3`).
+
+Each opened source carries its manifest, the transfer plan when the server
+offered one, and the bytes the set-up requests took on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from netopt.cache.s3 import S3Options
+from netopt.config.common import DATASET_NAME_RE
+from netopt.dataplane.chunkio import ChunkSource, RawChunk
+from netopt.dataplane.client import (
+    ClientOptions,
+    DatasetUrl,
+    HttpChunkSource,
+    parse_dataset_url,
+    plan_for,
+)
+from netopt.dataplane.server import ServedDataset, load_dataset
+from netopt.dataplane.sync import first_error
+from netopt.errors import StorageError, ValidationError
+from netopt.transfer.manifest import Manifest
+from netopt.transfer.planner import CpuProfile, TransferPlan
+from netopt.transfer.profile import load_cpu_profile
+
+__all__ = [
+    "LocalChunkSource",
+    "OpenedSource",
+    "SourceOptions",
+    "open_source",
+    "source_kind",
+    "source_name",
+]
+
+_MANIFEST_URL_RE = re.compile(
+    r"^(https?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/v1/datasets/([^/?#]+)(/manifest)?/?$"
+)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How to reach a source and how to plan the fetch."""
+
+    client: ClientOptions = field(default_factory=ClientOptions)
+    name: str | None = None
+    avg_chunk_bytes: int = 1024 * 1024
+    streams: int | None = None
+    zstd_level: int | None = None
+    link_rate_bps: float | None = None
+    link_loss_ratio: float = 0.0
+    client_cpu: CpuProfile | None = None
+    state_dir: str | None = None
+    """Where sources without manifests remember how their files were chunked (web dirs, S3)."""
+    s3: S3Options = field(default_factory=S3Options)
+
+
+@dataclass(frozen=True)
+class OpenedSource:
+    """A source ready to serve chunks."""
+
+    kind: str
+    name: str
+    manifest: Manifest
+    source: ChunkSource
+    streams: int
+    overhead_bytes: int = 0
+    plan: TransferPlan | None = None
+
+
+@dataclass(frozen=True)
+class _HttpsDatasetUrl(DatasetUrl):
+    scheme: str = "http"
+
+    @property
+    def base(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def source_kind(spec: str) -> str:
+    """``path``, ``netopt``, ``http-manifest``, ``http-dir`` or ``s3`` for a SOURCE string."""
+    if spec.startswith("netopt://"):
+        return "netopt"
+    if spec.startswith(("http://", "https://")):
+        return "http-manifest" if _MANIFEST_URL_RE.match(spec) else "http-dir"
+    if spec.startswith("s3://"):
+        return "s3"
+    if "://" in spec:
+        raise ValidationError(
+            f"SOURCE {spec!r}: unknown scheme (path, netopt://, http(s)://, s3://)"
+        )
+    return "path"
+
+
+def source_name(spec: str, name: str | None = None) -> str:
+    """The dataset name a SOURCE stands for (``name`` wins); ValidationError if not allowed."""
+    kind = source_kind(spec)
+    if name is None:
+        if kind == "netopt":
+            name = parse_dataset_url(spec).name
+        elif kind == "http-manifest":
+            match = _MANIFEST_URL_RE.match(spec)
+            assert match is not None
+            name = match.group(4)
+        else:
+            name = spec.rstrip("/").rsplit("/", 1)[-1] or "dataset"
+    if not DATASET_NAME_RE.match(name) or ".." in name:
+        raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
+    return name
+
+
+class LocalChunkSource:
+    """A `ChunkSource` over a local or mounted directory; chunks are read in place."""
+
+    def __init__(self, dataset: ServedDataset) -> None:
+        self.dataset = dataset
+
+    async def fetch_manifest(self) -> Manifest:
+        return self.dataset.manifest
+
+    async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        data = await asyncio.to_thread(self.dataset.read_chunk, chunk_id)
+        return RawChunk(data, "identity", len(data))
+
+    async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
+        for chunk_id, length in wanted:
+            yield await self.fetch_chunk(chunk_id, length)
+
+
+async def _open_served(
+    url: DatasetUrl, kind: str, opts: SourceOptions
+) -> tuple[OpenedSource, HttpChunkSource]:
+    cpu = opts.client_cpu
+    if cpu is None:
+        cpu = await asyncio.to_thread(load_cpu_profile)
+    async with HttpChunkSource(url, opts.client) as meta:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                info_task = tg.create_task(meta.fetch_info())
+                manifest_task = tg.create_task(meta.fetch_manifest())
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        overhead_bytes = meta.wire_bytes
+    plan = plan_for(
+        info_task.result(), None, cpu, rate_bps=opts.link_rate_bps, loss_ratio=opts.link_loss_ratio
+    )
+    streams = opts.streams or plan.streams
+    level = plan.zstd_level if opts.zstd_level is None else (opts.zstd_level or None)
+    source = HttpChunkSource(url, replace(opts.client, streams=streams), level)
+    manifest = manifest_task.result()
+    return OpenedSource(kind, url.name, manifest, source, streams, overhead_bytes, plan), source
+
+
+@asynccontextmanager
+async def open_source(spec: str, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
+    """Open SOURCE: fetch (or build) its manifest and plan; close connections on exit.
+
+    Raises ValidationError for an unknown SOURCE (or a missing bucket),
+    PathTraversalError for an unsafe remote name, StorageError for an unreadable
+    path, PeerUnreachableError / NetworkError / AuthenticationError for servers,
+    DependencyError for s3:// without the ``s3`` extra.
+    """
+    kind = source_kind(spec)
+    name = source_name(spec, opts.name)
+    if kind == "path":
+        if not await asyncio.to_thread(Path(spec).is_dir):
+            raise StorageError(f"SOURCE {spec} is not a readable directory")
+        dataset = await asyncio.to_thread(load_dataset, spec, name, opts.avg_chunk_bytes)
+        yield OpenedSource(kind, name, dataset.manifest, LocalChunkSource(dataset), 2)
+        return
+    if kind == "http-dir":
+        from netopt.cache.httpdir import open_http_dir
+
+        args = (spec, name, opts.client, opts.avg_chunk_bytes, opts.state_dir)
+        async with open_http_dir(*args) as opened_dir:
+            yield opened_dir
+        return
+    if kind == "s3":
+        from netopt.cache.s3 import open_s3
+
+        s3_args = (spec, name, opts.client, opts.s3, opts.avg_chunk_bytes, opts.state_dir)
+        async with open_s3(*s3_args) as opened_s3:
+            yield opened_s3
+        return
+    if kind == "netopt":
+        url = parse_dataset_url(spec)
+    else:
+        match = _MANIFEST_URL_RE.match(spec)
+        assert match is not None
+        scheme, host, port, served_name, _ = match.groups()
+        checked = parse_dataset_url(f"netopt://{host}:{port}/{served_name}")
+        url = _HttpsDatasetUrl(checked.host, checked.port, checked.name, scheme)
+    opened, source = await _open_served(url, kind, opts)
+    async with source:
+        yield opened

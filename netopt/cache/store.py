@@ -1,0 +1,382 @@
+"""The node's chunk cache on disk: BLAKE3-named chunks, a manifest per dataset version, an index.
+
+Layout under the cache directory::
+
+    lock                          flock: one process changes the cache at a time
+    index.json                    pins, current version per dataset, capacity, read counts
+    chunks/ab/abcdef...           one file per verified chunk (fan-out by the first two hex digits)
+    manifests/NAME/MANIFEST_ID.json
+    tmp/                          partial writes; emptied on open
+
+The chunk files are the truth: a chunk file exists only once its bytes were
+written under a temporary name, fsynced and renamed, so it is complete. The
+index only holds what cannot be rebuilt from the chunks (pins, read counts) and
+is replaced atomically; on open it is checked against the chunk files (read
+counts of vanished chunks are dropped, versions whose manifest file is missing
+are forgotten), so a SIGKILL at any moment leaves a usable, consistent cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, record_access
+from netopt.errors import IntegrityError, StorageError, ValidationError
+from netopt.fsutil import atomic_write_bytes, fsync_dir
+from netopt.transfer.manifest import (
+    CHUNK_ID_RE,
+    Manifest,
+    manifest_from_dict,
+    manifest_to_dict,
+    validate_chunk_id,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_CAPACITY_BYTES", "Cache"]
+
+DEFAULT_CAPACITY_BYTES = 100 * 1024**3
+_INDEX_VERSION = 1
+_LOCK_WAIT_S = 30.0
+
+
+def _no_space(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class Cache:
+    """An open cache directory; holds its lock until `close`. Thread-safe.
+
+    Use `Cache.open(root)` as a context manager. ``in_use`` holds chunks the
+    current operation needs (a sync's manifest): eviction never takes them.
+    """
+
+    def __init__(self, root: Path, capacity_bytes: int | None) -> None:
+        self.root = root
+        self.chunks_dir = root / "chunks"
+        self.manifests_dir = root / "manifests"
+        self.tmp_dir = root / "tmp"
+        self._lock = threading.RLock()
+        self._lock_fd = -1
+        self.sizes_bytes: dict[str, int] = {}
+        self.access: dict[str, ChunkAccess] = {}
+        self.pins: set[str] = set()
+        self.datasets: dict[str, str] = {}
+        self.in_use: set[str] = set()
+        self.tick = 0
+        self._pinned_memo: tuple[frozenset[tuple[str, str]], frozenset[str]] | None = None
+        self.capacity_bytes = capacity_bytes or DEFAULT_CAPACITY_BYTES
+        self._capacity_given = capacity_bytes is not None
+
+    # -- opening and closing -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str], capacity_bytes: int | None = None) -> Cache:
+        """Open (creating) the cache at ``root``; waits up to 30 s for another user.
+
+        ``capacity_bytes`` None keeps the capacity stored in the index (default
+        100 GiB). Raises StorageError when the directory cannot be used or stays locked.
+        """
+        cache = cls(Path(root), capacity_bytes)
+        try:
+            for d in (cache.root, cache.chunks_dir, cache.manifests_dir, cache.tmp_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            cache._take_lock()
+            for stale in cache.tmp_dir.iterdir():
+                stale.unlink(missing_ok=True)
+            cache._scan_chunks()
+            cache._load_index()
+        except OSError as exc:
+            cache._release_lock()
+            raise StorageError(f"cannot use cache directory {root}: {exc}") from exc
+        except BaseException:
+            cache._release_lock()
+            raise
+        return cache
+
+    def __enter__(self) -> Cache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Save the index and release the lock (the index write may raise StorageError)."""
+        if self._lock_fd < 0:
+            return
+        try:
+            self.save_index()
+        finally:
+            self._release_lock()
+
+    def _take_lock(self) -> None:
+        self._lock_fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline_s = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline_s:
+                    raise StorageError(f"cache {self.root} is locked by another process") from None
+                time.sleep(0.1)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _scan_chunks(self) -> None:
+        for sub in self.chunks_dir.iterdir():
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub):
+                if CHUNK_ID_RE.match(entry.name) and entry.name.startswith(sub.name):
+                    self.sizes_bytes[entry.name] = entry.stat().st_size
+
+    def _load_index(self) -> None:
+        path = self.root / "index.json"
+        data: Any = {}
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                if not isinstance(data, dict) or data.get("version") != _INDEX_VERSION:
+                    raise ValueError("unknown index version")
+            except ValueError as exc:
+                log.warning("cache index %s is unreadable (%s); rebuilding it", path, exc)
+                data = {}
+        if not self._capacity_given and isinstance(data.get("capacity_bytes"), int):
+            self.capacity_bytes = data["capacity_bytes"]
+        self.tick = int(data.get("tick", 0))
+        self.pins = {str(p) for p in data.get("pins", [])}
+        for name, mid in dict(data.get("datasets", {})).items():
+            if self._manifest_path(str(name), str(mid)).is_file():
+                self.datasets[str(name)] = str(mid)
+        for name_dir in self.manifests_dir.iterdir():
+            if name_dir.name not in self.datasets and name_dir.is_dir():
+                versions = sorted(name_dir.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+                if versions:
+                    self.datasets[name_dir.name] = versions[-1].stem
+        for cid, (count, tick) in dict(data.get("access", {})).items():
+            if cid in self.sizes_bytes:
+                self.access[cid] = ChunkAccess(int(count), int(tick))
+
+    def save_index(self) -> None:
+        """Write the index atomically (and make renamed chunk files durable first)."""
+        with self._lock:
+            if needs_aging(self.access):
+                self.access = age_access(self.access)
+            data = {
+                "version": _INDEX_VERSION,
+                "capacity_bytes": self.capacity_bytes,
+                "tick": self.tick,
+                "pins": sorted(self.pins),
+                "datasets": dict(sorted(self.datasets.items())),
+                "access": {c: [a.count, a.last_tick] for c, a in sorted(self.access.items())},
+            }
+        with contextlib.suppress(OSError):
+            for sub in self.chunks_dir.iterdir():
+                fsync_dir(sub)
+        atomic_write_bytes(self.root / "index.json", json.dumps(data).encode())
+
+    # -- chunks --------------------------------------------------------------------------
+
+    def chunk_path(self, chunk_id: str) -> Path:
+        """Where a chunk lives (validated name)."""
+        validate_chunk_id(chunk_id)
+        return self.chunks_dir / chunk_id[:2] / chunk_id
+
+    def has(self, chunk_id: str) -> bool:
+        """True when the chunk is stored (complete; not re-verified)."""
+        with self._lock:
+            return chunk_id in self.sizes_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of stored chunks."""
+        with self._lock:
+            return sum(self.sizes_bytes.values())
+
+    def put(self, chunk_id: str, data: bytes) -> None:
+        """Store a verified chunk durably, evicting unprotected chunks to stay in capacity.
+
+        Raises StorageError when the disk is full or the capacity cannot hold the
+        pinned and in-use chunks; the cache is then unchanged apart from evictions.
+        """
+        final = self.chunk_path(chunk_id)
+        with self._lock:
+            if chunk_id in self.sizes_bytes:
+                return
+            self._make_room(len(data))
+        tmp = self.tmp_dir / f"{chunk_id[:16]}.{threading.get_ident()}"
+        try:
+            final.parent.mkdir(exist_ok=True)
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            what = "the disk is full" if _no_space(exc) else str(exc)
+            raise StorageError(
+                f"cannot store chunk {chunk_id[:16]} in cache {self.root}: {what}; "
+                "the cache is consistent (free space or lower the capacity and retry)"
+            ) from exc
+        with self._lock:
+            self.sizes_bytes[chunk_id] = len(data)
+
+    def _make_room(self, incoming_bytes: int) -> None:
+        if sum(self.sizes_bytes.values()) + incoming_bytes <= self.capacity_bytes:
+            return
+        # Evict down to a low-water mark so a full cache does not sort on every put.
+        slack_bytes = max(incoming_bytes, self.capacity_bytes // 20)
+        target_bytes = max(0, self.capacity_bytes - slack_bytes)
+        self.remove(evict(self.sizes_bytes, target_bytes, self.protected(), self.access))
+        if sum(self.sizes_bytes.values()) + incoming_bytes > self.capacity_bytes:
+            raise StorageError(
+                f"cache {self.root}: capacity {self.capacity_bytes} bytes cannot hold the "
+                "pinned and in-use data; raise cache.capacity_bytes or unpin a dataset"
+            )
+
+    def read(self, chunk_id: str, *, record: bool = True) -> bytes:
+        """A stored chunk, verified; a read counts toward its access statistics.
+
+        Raises KeyError when absent, IntegrityError when it no longer verifies (it
+        is then removed), StorageError when it cannot be read.
+        """
+        path = self.chunk_path(chunk_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            with self._lock:
+                self.sizes_bytes.pop(chunk_id, None)
+            raise KeyError(chunk_id) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read cached chunk {chunk_id[:16]}: {exc}") from exc
+        if blake3.blake3(data).hexdigest() != chunk_id:
+            self.remove([chunk_id])
+            raise IntegrityError(f"cached chunk {chunk_id[:16]} no longer verifies; removed it")
+        if record:
+            self.record_reads([chunk_id])
+        return data
+
+    def record_reads(self, chunk_ids: Iterable[str]) -> None:
+        """Feed reads (from syncs, the torch dataset, ...) into the access statistics."""
+        with self._lock:
+            for cid in chunk_ids:
+                self.tick += 1
+                self.access[cid] = record_access(self.access.get(cid), self.tick)
+
+    def remove(self, chunk_ids: Iterable[str]) -> int:
+        """Delete chunks; the bytes freed."""
+        freed = 0
+        with self._lock:
+            for cid in list(chunk_ids):
+                with contextlib.suppress(FileNotFoundError):
+                    self.chunk_path(cid).unlink()
+                freed += self.sizes_bytes.pop(cid, 0)
+                self.access.pop(cid, None)
+        return freed
+
+    def iter_chunk_ids(self) -> Iterator[str]:
+        """A snapshot of the stored chunk names."""
+        with self._lock:
+            return iter(sorted(self.sizes_bytes))
+
+    # -- manifests and pins ----------------------------------------------------------------
+
+    def _manifest_path(self, name: str, manifest_id: str) -> Path:
+        return self.manifests_dir / name / f"{manifest_id}.json"
+
+    def add_manifest(self, manifest: Manifest) -> str:
+        """Store a dataset version and make it the dataset's current one; its id."""
+        mid = manifest.manifest_id
+        path = self._manifest_path(manifest.name, mid)
+        if not path.is_file():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(f"cannot create {path.parent}: {exc}") from exc
+            atomic_write_bytes(path, json.dumps(manifest_to_dict(manifest)).encode())
+        with self._lock:
+            self.datasets[manifest.name] = mid
+        return mid
+
+    def manifest(self, name: str, manifest_id: str | None = None) -> Manifest:
+        """A stored version (default: the current one). ValidationError if unknown."""
+        mid = manifest_id or self.datasets.get(name)
+        if mid is None:
+            raise ValidationError(f"cache {self.root} holds no dataset {name!r}")
+        try:
+            return manifest_from_dict(json.loads(self._manifest_path(name, mid).read_bytes()))
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot read manifest {name}/{mid[:16]}: {exc}") from exc
+
+    def versions(self, name: str) -> list[str]:
+        """The stored manifest ids of a dataset."""
+        return sorted(p.stem for p in (self.manifests_dir / name).glob("*.json"))
+
+    def pin(self, name: str) -> None:
+        """Keep a dataset's current version from eviction. ValidationError if unknown."""
+        if name not in self.datasets:
+            raise ValidationError(f"cache {self.root} holds no dataset {name!r}")
+        with self._lock:
+            self.pins.add(name)
+
+    def unpin(self, name: str) -> None:
+        """Let a dataset be evicted again (no-op when it was not pinned)."""
+        with self._lock:
+            self.pins.discard(name)
+
+    def protected(self) -> set[str]:
+        """Chunks eviction must not take: those of pinned datasets and those in use."""
+        key = frozenset((n, self.datasets[n]) for n in self.pins if n in self.datasets)
+        if self._pinned_memo is None or self._pinned_memo[0] != key:
+            chunks: set[str] = set()
+            for name, mid in key:
+                chunks.update(self.manifest(name, mid).unique_chunks())
+            self._pinned_memo = (key, frozenset(chunks))
+        return set(self.in_use) | self._pinned_memo[1]
+
+    def evict_to(self, capacity_bytes: int | None = None) -> tuple[str, ...]:
+        """Run the eviction policy down to ``capacity_bytes`` (default: the capacity)."""
+        target = self.capacity_bytes if capacity_bytes is None else capacity_bytes
+        with self._lock:
+            victims = evict(self.sizes_bytes, target, self.protected(), self.access)
+            self.remove(victims)
+        return victims
+
+    def referenced(self, all_versions: bool = False) -> dict[str, int]:
+        """Chunk name -> length over the current (or every stored) dataset version."""
+        out: dict[str, int] = {}
+        for name, current in list(self.datasets.items()):
+            for mid in self.versions(name) if all_versions else [current]:
+                out.update(self.manifest(name, mid).unique_chunks())
+        return out
+
+    def gc(self) -> tuple[int, int]:
+        """Drop old dataset versions and the chunks no current version uses.
+
+        Returns (chunks removed, bytes freed).
+        """
+        for name, current in list(self.datasets.items()):
+            for mid in self.versions(name):
+                if mid != current:
+                    self._manifest_path(name, mid).unlink(missing_ok=True)
+        keep = self.referenced() | dict.fromkeys(self.in_use, 0)
+        with self._lock:
+            orphans = [c for c in self.sizes_bytes if c not in keep]
+        return len(orphans), self.remove(orphans)

@@ -1,0 +1,276 @@
+"""``netopt sync`` through the node's cache: plan, residency check, delta sync, eviction.
+
+The cache is the sync engine's `ChunkSink`: chunks already cached are never
+fetched again (delta sync, and resume after a crash), files in DEST are
+written from cached chunks (temp name, fsync, rename), and reads feed the
+cache's access statistics before eviction brings it back under capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from netopt.cache.residency import check_residency, find_spec
+from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
+from netopt.cache.store import Cache
+from netopt.config.datasets import DatasetsSettings
+from netopt.dataplane.sync import ProgressCallback, SyncOptions, SyncSummary, sync_manifest
+from netopt.errors import StorageError
+from netopt.transfer.manifest import Manifest
+from netopt.transfer.planner import TransferPlan
+
+__all__ = [
+    "CacheSink",
+    "SyncPlan",
+    "SyncReport",
+    "SyncRequest",
+    "default_cache_dir",
+    "plan_sync",
+    "run_sync",
+    "scan_dest",
+]
+
+
+class CacheSink:
+    """The cache as the sync engine's `ChunkSink`; reads count as accesses."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    async def has(self, chunk_id: str) -> bool:
+        return self.cache.has(chunk_id)
+
+    async def put(self, chunk_id: str, data: bytes) -> None:
+        await asyncio.to_thread(self.cache.put, chunk_id, data)
+
+    async def get(self, chunk_id: str) -> bytes:
+        return await asyncio.to_thread(self.cache.read, chunk_id)
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What a sync will do, before any chunk moves (bytes are logical)."""
+
+    files_total: int
+    files_to_write: int
+    bytes_to_write: int
+    chunks_to_fetch: int
+    bytes_to_fetch: int
+    chunks_reused: int
+    bytes_reused: int
+
+    def to_dict(self) -> dict[str, int]:
+        """The plan as JSON-able data."""
+        return dict(self.__dict__)
+
+
+def plan_sync(
+    manifest: Manifest, dest_files: Mapping[str, tuple[int, int]], cached: Set[str]
+) -> SyncPlan:
+    """Plan a sync: files whose (size, mtime_ns) in DEST differ are written; their
+    chunks come from the cache when ``cached`` holds them, else from the source.
+    """
+    pending = [f for f in manifest.files if dest_files.get(f.path) != (f.size_bytes, f.mtime_ns)]
+    needed: dict[str, int] = {}
+    for entry in pending:
+        for ref in entry.chunks:
+            needed.setdefault(ref.chunk_id, ref.length_bytes)
+    fetch = {c: n for c, n in needed.items() if c not in cached}
+    return SyncPlan(
+        files_total=len(manifest.files),
+        files_to_write=len(pending),
+        bytes_to_write=sum(f.size_bytes for f in pending),
+        chunks_to_fetch=len(fetch),
+        bytes_to_fetch=sum(fetch.values()),
+        chunks_reused=len(needed) - len(fetch),
+        bytes_reused=sum(needed.values()) - sum(fetch.values()),
+    )
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_space(cache_dir: Path, dest: Path, plan: SyncPlan) -> None:
+    """StorageError when the disks cannot hold the chunks to fetch and the files to write.
+
+    Checked before any chunk moves, so a sync that cannot fit fails at once with
+    the figures; a disk that fills up during the sync still fails cleanly in put.
+    """
+    dest_at = _existing(dest.resolve())
+    cache_st, dest_st = os.statvfs(cache_dir), os.statvfs(dest_at)
+    need = {cache_dir: plan.bytes_to_fetch}
+    if os.stat(cache_dir).st_dev == os.stat(dest_at).st_dev:
+        need[cache_dir] += plan.bytes_to_write
+    else:
+        need[dest_at] = plan.bytes_to_write
+    for where, need_bytes in need.items():
+        st = cache_st if where == cache_dir else dest_st
+        free_bytes = st.f_bavail * st.f_frsize
+        if need_bytes > free_bytes:
+            raise StorageError(
+                f"not enough space on the disk of {where}: the sync needs {need_bytes} bytes, "
+                f"{free_bytes} are free (the cache is unchanged)"
+            )
+
+
+def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of the manifest's regular files present in DEST; removes leftovers
+    (``*.netopt-tmp``) of an interrupted sync."""
+    out: dict[str, tuple[int, int]] = {}
+    if not dest.is_dir():
+        return out
+    for entry in manifest.files:
+        target = dest / entry.path
+        try:
+            for stale in target.parent.glob(f".{target.name}.*.netopt-tmp"):
+                stale.unlink(missing_ok=True)
+            st = target.lstat()
+        except OSError:
+            continue
+        if target.is_file() and not target.is_symlink():
+            out[entry.path] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    """Everything ``netopt sync`` was asked to do."""
+
+    source: str
+    dest: str
+    cache_dir: str
+    capacity_bytes: int | None = None
+    dry_run: bool = False
+    region: str | None = None
+    catalogue: DatasetsSettings | None = None
+    source_options: SourceOptions = field(default_factory=SourceOptions)
+    sync_options: SyncOptions | None = None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What ``netopt sync`` did (or, with ``dry_run``, would do)."""
+
+    dataset: str
+    source_kind: str
+    manifest_id: str
+    plan: SyncPlan
+    dry_run: bool
+    seconds: float
+    overhead_bytes: int = 0
+    summary: SyncSummary | None = None
+    transfer_plan: TransferPlan | None = None
+    evicted_chunks: int = 0
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes moved from the source (chunk payloads plus set-up requests)."""
+        return self.overhead_bytes + (self.summary.wire_bytes if self.summary else 0)
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON summary of ``netopt sync --json``."""
+        s = self.summary
+        written = s.logical_bytes if s else 0
+        out: dict[str, object] = {
+            "dataset": self.dataset,
+            "source_kind": self.source_kind,
+            "manifest_id": self.manifest_id,
+            "dry_run": self.dry_run,
+            "files": self.plan.files_total,
+            "files_written": s.files_written if s else 0,
+            "files_skipped": self.plan.files_total - self.plan.files_to_write,
+            "wire_bytes": self.wire_bytes,
+            "fetched_logical_bytes": s.fetched_logical_bytes if s else 0,
+            "reused_bytes": self.plan.bytes_reused,
+            "logical_bytes": written,
+            "chunks_fetched": s.chunks_fetched if s else 0,
+            "chunks_reused": self.plan.chunks_reused,
+            "chunk_retries": s.chunk_retries if s else 0,
+            "compression_ratio": round(s.compression_ratio, 3) if s else 1.0,
+            "goodput_mbps": round(s.goodput_bps / 1e6, 2) if s else 0.0,
+            "evicted_chunks": self.evicted_chunks,
+            "seconds": round(self.seconds, 3),
+            "throughput_mbps": round(written * 8 / self.seconds / 1e6, 2) if self.seconds else 0.0,
+            "plan": self.plan.to_dict(),
+        }
+        if self.transfer_plan is not None:
+            out["transfer_plan"] = self.transfer_plan.to_dict()
+        return out
+
+
+async def _sync_into_cache(
+    req: SyncRequest, opened: OpenedSource, cache: Cache, on_progress: ProgressCallback | None
+) -> tuple[SyncSummary, int]:
+    manifest = opened.manifest
+    await asyncio.to_thread(cache.add_manifest, manifest)
+    cache.in_use = set(manifest.unique_chunks())
+    try:
+        opts = replace(req.sync_options or SyncOptions(), streams=opened.streams)
+        summary = await sync_manifest(
+            manifest, opened.source, CacheSink(cache), req.dest, opts, on_progress=on_progress
+        )
+    finally:
+        cache.in_use = set()
+    evicted = await asyncio.to_thread(cache.evict_to)
+    return summary, len(evicted)
+
+
+async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None) -> SyncReport:
+    """Sync SOURCE into DEST through the cache at ``req.cache_dir``.
+
+    Refuses with ResidencyError (before contacting the source) when the catalogue
+    forbids this region; raises what `open_source` and `sync_manifest` raise, and
+    StorageError for a full disk or a cache too small for the dataset. A sync
+    killed at any point leaves the cache consistent; the next one fetches only
+    the chunks not yet cached.
+    """
+    started_s = time.monotonic()
+    name = source_name(req.source, req.source_options.name)
+    if req.catalogue is not None:
+        check_residency(find_spec(req.catalogue, name, req.source), req.region)
+    source_options = req.source_options
+    if source_options.state_dir is None:
+        source_options = replace(source_options, state_dir=str(Path(req.cache_dir) / "sources"))
+    async with open_source(req.source, source_options) as opened:
+        cache = await asyncio.to_thread(Cache.open, req.cache_dir, req.capacity_bytes)
+        try:
+            dest_files = await asyncio.to_thread(scan_dest, Path(req.dest), opened.manifest)
+            plan = plan_sync(opened.manifest, dest_files, set(cache.sizes_bytes))
+            summary: SyncSummary | None = None
+            evicted = 0
+            if not req.dry_run:
+                await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
+                summary, evicted = await _sync_into_cache(req, opened, cache, on_progress)
+        except BaseException:
+            # Keep the first error (a full disk also fails the index write).
+            with contextlib.suppress(StorageError):
+                await asyncio.to_thread(cache.close)
+            raise
+        await asyncio.to_thread(cache.close)
+    return SyncReport(
+        dataset=opened.manifest.name,
+        source_kind=opened.kind,
+        manifest_id=opened.manifest.manifest_id,
+        plan=plan,
+        dry_run=req.dry_run,
+        seconds=time.monotonic() - started_s,
+        overhead_bytes=opened.overhead_bytes,
+        summary=summary,
+        transfer_plan=opened.plan,
+        evicted_chunks=evicted,
+    )
+
+
+def default_cache_dir() -> str:
+    """~/.cache/netopt/cache (XDG_CACHE_HOME respected)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "netopt", "cache")

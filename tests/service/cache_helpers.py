@@ -1,0 +1,42 @@
+"""Shared pieces of the cache service tests: a seeded dataset and a sync request."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from netopt.cache.sources import SourceOptions
+from netopt.cache.syncer import SyncRequest
+from netopt.dataplane.client import ClientOptions
+
+CHUNK_BYTES = 64 * 1024
+SMALL_FILES = 50
+SMALL_BYTES = 40_000
+BIG_BYTES = 6_000_000
+
+
+def make_dataset(root: Path, seed: int = 1, big_bytes: int = BIG_BYTES) -> int:
+    """A big random file and 50 small ones of 40 kB (8 MB in all by default); the total bytes."""
+    rng = random.Random(seed)
+    (root / "shards").mkdir(parents=True, exist_ok=True)
+    (root / "big.bin").write_bytes(rng.randbytes(big_bytes))
+    for i in range(SMALL_FILES):
+        (root / "shards" / f"s{i:03d}.bin").write_bytes(rng.randbytes(SMALL_BYTES))
+    return big_bytes + SMALL_FILES * SMALL_BYTES
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".netopt" not in p.as_posix()
+    }
+
+
+def request(source: str, dest: Path, cache: Path, **kw: object) -> SyncRequest:
+    opts = kw.pop("source_options", None) or SourceOptions(avg_chunk_bytes=CHUNK_BYTES)
+    return SyncRequest(source, str(dest), str(cache), source_options=opts, **kw)  # type: ignore[arg-type]
+
+
+def served_options(token: str, cpu: object) -> SourceOptions:
+    return SourceOptions(client=ClientOptions(token=token), client_cpu=cpu)  # type: ignore[arg-type]

@@ -1,0 +1,162 @@
+"""The cache under failure: SIGKILL mid-sync then resume, corrupt chunks, a full disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from netopt.cache.store import Cache
+from netopt.cache.syncer import run_sync
+from netopt.cache.verify import verify_cache
+from netopt.chunking import chunk_id
+from netopt.cli.main import main
+from netopt.errors import StorageError
+from tests.service.cache_helpers import make_dataset, request, served_options, tree
+from tests.service.dataplane_helpers import CPU, FAST, TOKEN, start
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _codec_cache(tmp_path: Path) -> Path:
+    path = tmp_path / "codec.json"
+    path.write_text(
+        json.dumps(
+            {
+                "version": 2,
+                "cores": 2,
+                "compress_bytes_per_s": {"1": 3e8},
+                "decompress_bytes_per_s": {"1": 9e8},
+                "hash_bytes_per_s": 1e9,
+            }
+        )
+    )
+    return path
+
+
+def _stored(cache: Path) -> set[str]:
+    return {p.name for p in (cache / "chunks").glob("*/*")}
+
+
+async def test_sigkill_mid_sync_then_resume_moves_no_chunk_twice(tmp_path: Path) -> None:
+    src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
+    total = make_dataset(src)
+    runner, port, stats, manifest = await start(src, "ds")
+    lengths = manifest.unique_chunks()
+    env = {**os.environ, "NETOPT_TOKEN": TOKEN, "NETOPT_CODEC_CACHE": str(_codec_cache(tmp_path))}
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "netopt", "sync", f"netopt://127.0.0.1:{port}/ds", str(dest),
+            "--cache-dir", str(cache), "--rate-limit-mbps", "8", "--streams", "2", "--level", "0",
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline_s = time.monotonic() + 30
+        while len(_stored(cache) if (cache / "chunks").exists() else ()) < 20:
+            assert proc.returncode is None, "the sync ended before it could be killed"
+            assert time.monotonic() < deadline_s, "no chunks arrived"
+            await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        assert await proc.wait() == -signal.SIGKILL
+        with Cache.open(cache) as c:  # consistent on open: every stored chunk verifies
+            report = await verify_cache(c)
+            assert report.corrupt == ()
+            assert not any(c.tmp_dir.iterdir())
+            before = set(c.sizes_bytes)
+        assert 20 <= len(before) < len(lengths)
+        stats.chunk_requests.clear()
+        url = f"netopt://127.0.0.1:{port}/ds"
+        opts = served_options(TOKEN, CPU)
+        resumed = await run_sync(request(url, dest, cache, source_options=opts, sync_options=FAST))
+        assert tree(dest) == tree(src)
+        assert not set(stats.chunk_requests) & before
+        assert resumed.summary is not None
+        expected = sum(n for cid, n in lengths.items() if cid not in before)
+        assert resumed.summary.fetched_logical_bytes == expected < total
+        assert not list(dest.rglob("*.netopt-tmp"))
+    finally:
+        await runner.cleanup()
+
+
+def test_verify_finds_corrupt_chunk_and_repairs_from_source(tmp_path: Path, capsys) -> None:
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    make_dataset(src)
+    asyncio.run(run_sync(request(str(src), tmp_path / "d", cache)))
+    victim = sorted(_stored(cache))[3]
+    path = cache / "chunks" / victim[:2] / victim
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(data)
+    assert main(["cache", "verify", "--cache-dir", str(cache), "--json"]) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert found["corrupt"] == [victim]
+    assert found["unrepaired"] == [victim]
+    # The bad chunk was removed; now repair it (and nothing else) from the origin.
+    assert main(["cache", "verify", "--cache-dir", str(cache), "--json", "--source", str(src)]) == 0
+    fixed = json.loads(capsys.readouterr().out)
+    assert fixed["missing"] == [victim]
+    assert fixed["repaired"] == [victim]
+    assert fixed["ok"]
+    with Cache.open(cache) as c:
+        assert asyncio.run(verify_cache(c)).corrupt == ()
+        assert c.has(victim)
+
+
+def _mount_tmpfs(where: Path, size: str) -> None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+async def test_full_disk_is_a_clear_error_and_leaves_the_cache_consistent(tmp_path: Path) -> None:
+    src, mnt = tmp_path / "src", tmp_path / "small"
+    total = make_dataset(src)
+    _mount_tmpfs(mnt, "2m")
+    try:
+        cache = mnt / "cache"
+        # Refused up front, with the figures, before a chunk moves.
+        with pytest.raises(StorageError, match="not enough space") as info:
+            await run_sync(request(str(src), mnt / "dest", cache))
+        assert str(2 * total) in str(info.value)  # chunks into the cache plus files in DEST
+        assert not (mnt / "dest").exists()
+        # The disk filling up under a put: a clear error, and a consistent cache after.
+        blobs = [os.urandom(200_000 + i) for i in range(20)]
+        with Cache.open(cache) as c:
+            stored: list[str] = []
+
+            def fill() -> None:
+                for blob in blobs:
+                    c.put(chunk_id(blob), blob)
+                    stored.append(chunk_id(blob))
+
+            with pytest.raises(StorageError, match="disk is full") as info:
+                fill()
+            assert "cache is consistent" in str(info.value)
+            assert 0 < len(stored) < len(blobs)
+        with Cache.open(cache) as c:
+            assert not any(c.tmp_dir.iterdir())
+            report = await verify_cache(c)
+            assert report.corrupt == ()
+            assert report.checked == len(stored) == len(c.sizes_bytes)
+    finally:
+        _umount(mnt)
+
+
+def _umount(where: Path) -> None:
+    done = subprocess.run(["umount", str(where)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
