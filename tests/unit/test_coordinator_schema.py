@@ -84,21 +84,16 @@ def test_bandwidth_summary_without_probes_is_accepted() -> None:
 
 
 def test_accepts_measure_linkstats_to_dict() -> None:
-    stats = pytest.importorskip("netopt.measure.stats")
-    samples = pytest.importorskip("netopt.measure.samples")
-    if not hasattr(samples, "ProbeSeries") or not hasattr(samples, "Reply"):
-        pytest.skip("netopt.measure has no ProbeSeries/Reply yet")
-    try:
-        series = samples.ProbeSeries(
-            method="udp",
-            target="198.18.0.2:7471",
-            sent_at_s=tuple(0.1 * i for i in range(20)),
-            replies=tuple(samples.Reply(seq=i, rtt_ms=10.0 + i % 3, received_at_s=0.1 * i + 0.01)
-                          for i in range(20) if i != 5),
-            timeout_s=1.0,
-        )  # fmt: skip
-    except TypeError as exc:
-        pytest.skip(f"netopt.measure's ProbeSeries changed shape: {exc}")
+    from netopt.measure import samples, stats
+
+    series = samples.ProbeSeries(
+        method="udp",
+        target="198.18.0.2:7471",
+        sent_at_s=tuple(0.1 * i for i in range(20)),
+        replies=tuple(samples.Reply(seq=i, rtt_ms=10.0 + i % 3, received_at_s=0.1 * i + 0.01)
+                      for i in range(20) if i != 5),
+        timeout_s=1.0,
+    )  # fmt: skip
     link_stats = stats.summarise(series)
     data = {**link_stats.to_dict(), "src": "hk-1", "dst": "hk-2", "taken_at_s": 1e9, "window_s": 2}
     parsed = LinkSummary.from_dict(data)
