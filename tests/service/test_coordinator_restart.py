@@ -114,12 +114,25 @@ async def test_sigkill_mid_ingest_then_restart_loses_nothing_and_counts_nothing_
             assert result is not None
             assert not result["duplicate"]
             acked.add(i)
-        # The rest go out concurrently and the coordinator dies while they are in flight.
-        in_flight = [asyncio.create_task(post(session, ingest, b)) for b in bodies[BATCHES // 3 :]]
-        await asyncio.sleep(0.05)
+        # The rest go out from 4 concurrent senders; the coordinator is killed once a few
+        # of them are acknowledged, so others are in flight at that moment, and every
+        # batch sent after the kill fails.
+        queue = list(range(BATCHES // 3, BATCHES))
+        results: dict[int, dict[str, Any] | None] = {}
+
+        async def sender() -> None:
+            while queue:
+                i = queue.pop(0)
+                results[i] = await post(session, ingest, bodies[i])
+
+        senders = [asyncio.create_task(sender()) for _ in range(4)]
+        deadline = time.monotonic() + 20
+        while sum(r is not None for r in results.values()) < 3:
+            assert time.monotonic() < deadline, "no batch was acknowledged"
+            await asyncio.sleep(0.001)
         assert coordinator.stop(signal.SIGKILL) == -signal.SIGKILL
-        results = await asyncio.gather(*in_flight)
-        acked |= {BATCHES // 3 + k for k, r in enumerate(results) if r is not None}
+        await asyncio.gather(*senders)
+        acked |= {i for i, r in results.items() if r is not None}
         assert len(acked) < BATCHES, "the kill came too late to interrupt anything"
 
         await asyncio.sleep(1.0)
