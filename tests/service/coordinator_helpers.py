@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +85,45 @@ def summary(
 
 def batch(batch_id: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return {"batch_id": batch_id, "summaries": summaries}
+
+
+def call(url: str, method: str = "GET", body: Any = None) -> Any:
+    """One JSON request with the test token to a loopback coordinator."""
+    assert url.startswith("http://127.0.0.1:")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - loopback
+    request.add_header("Authorization", f"Bearer {TOKEN}")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def coordinator_process(tmp_path: Path) -> Iterator[str]:
+    """`python -m netopt coordinator` on a free loopback port; yields its URL."""
+    port = free_port()
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\n"
+        f"database: {tmp_path / 'c.db'}\nstale_after_s: 600\n"
+    )
+    env = {**os.environ, "NETOPT_TOKEN": TOKEN}
+    with (tmp_path / "c.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                call(url + "/healthz")
+                break
+            except (OSError, urllib.error.URLError):
+                assert time.monotonic() < deadline, "coordinator did not start"
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)

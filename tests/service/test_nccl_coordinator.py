@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.service.coordinator_helpers import TOKEN, free_port, registration, summary
+from tests.service.coordinator_helpers import (
+    TOKEN,
+    call,
+    coordinator_process,
+    registration,
+    summary,
+)
 
 NODES = (
     ("hk-1", "hk", "198.18.1.10"),
@@ -24,44 +26,10 @@ NODES = (
 )
 
 
-def _call(url: str, method: str = "GET", body: Any = None) -> Any:
-    assert url.startswith("http://127.0.0.1:")
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - loopback
-    request.add_header("Authorization", f"Bearer {TOKEN}")
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
-        return json.loads(response.read())
-
-
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\n"
-        f"database: {tmp_path / 'c.db'}\nstale_after_s: 600\n"
-    )
-    env = {**os.environ, "NETOPT_TOKEN": TOKEN}
-    with (tmp_path / "c.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _call(url + "/healthz")
-                break
-            except (OSError, urllib.error.URLError):
-                assert time.monotonic() < deadline, "coordinator did not start"
-                time.sleep(0.3)
+    with coordinator_process(tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
 
 def _seed(url: str, *, with_bandwidth: bool) -> None:
@@ -73,7 +41,7 @@ def _seed(url: str, *, with_bandwidth: bool) -> None:
             {"name": "docker0", "addresses": ["172.17.0.1/16"]},
             {"name": "eth0", "addresses": [f"{address}/24"], "speed_mbps": 25000, "mtu": 1500},
         ]
-        _call(url + "/api/v1/agents/register", "POST", reg)
+        call(url + "/api/v1/agents/register", "POST", reg)
     pairs = [("hk-1", "hk-2", 0.2, 9000e6), ("hk-1", "us-1", 160.0, 400e6)]
     if with_bandwidth:
         pairs.append(("hk-2", "us-1", 161.0, 380e6))
@@ -88,7 +56,7 @@ def _seed(url: str, *, with_bandwidth: bool) -> None:
                 "method": "bulk-tcp", "single_stream_bps": bps / 4, "aggregate_bps": bps,
                 "streams": 8, "congestion_control": "bbr",
             })  # fmt: skip
-        _call(url + f"/api/v1/agents/{src}/summaries", "POST",
+        call(url + f"/api/v1/agents/{src}/summaries", "POST",
               {"batch_id": f"b{i}", "summaries": summaries})  # fmt: skip
 
 

@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.coordinator_helpers import TOKEN, free_port, registration, summary
-from tests.service.test_nccl_coordinator import _call
+from tests.service.coordinator_helpers import (
+    TOKEN,
+    call,
+    coordinator_process,
+    registration,
+    summary,
+)
 
 CODEC_CACHE = {
     "version": 3,
@@ -27,51 +32,26 @@ CODEC_CACHE = {
 
 @pytest.fixture(scope="module")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp_path = tmp_path_factory.mktemp("coordinator")
-    port = free_port()
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\n"
-        f"database: {tmp_path / 'c.db'}\nstale_after_s: 600\n"
-    )
-    env = {**os.environ, "NETOPT_TOKEN": TOKEN}
-    with (tmp_path / "c.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _call(url + "/healthz")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "coordinator did not start"
-                time.sleep(0.3)
+    with coordinator_process(tmp_path_factory.mktemp("coordinator")) as url:
         _seed(url)
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
 
 def _seed(url: str) -> None:
     now = time.time()
     for node, region in (("hk-1", "hk"), ("us-1", "us"), ("sg-1", "sg")):
-        _call(url + "/api/v1/agents/register", "POST", registration(node, region))
+        call(url + "/api/v1/agents/register", "POST", registration(node, region))
     probes = summary("hk-1", "us-1", now - 5, rtt_ms=80.0, loss_ratio=0.01)
     bulk = {
         "src": "hk-1", "dst": "us-1", "taken_at_s": now - 2, "window_s": 5.0,
         "method": "bulk-tcp", "single_stream_bps": 60e6, "aggregate_bps": 85e6,
         "streams": 8, "congestion_control": "bbr",
     }  # fmt: skip
-    _call(url + "/api/v1/agents/hk-1/summaries", "POST",
+    call(url + "/api/v1/agents/hk-1/summaries", "POST",
           {"batch_id": "b1", "summaries": [probes, bulk]})  # fmt: skip
     # sg-1 -> us-1: probed, but no bandwidth test yet.
     probed = summary("sg-1", "us-1", now - 5, rtt_ms=170.0)
-    _call(url + "/api/v1/agents/sg-1/summaries", "POST", {"batch_id": "b2", "summaries": [probed]})
+    call(url + "/api/v1/agents/sg-1/summaries", "POST", {"batch_id": "b2", "summaries": [probed]})
 
 
 def _plan(tmp_path: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
