@@ -14,7 +14,7 @@ from netopt.cache.store import Cache
 from netopt.cache.syncer import default_cache_dir
 from netopt.cache.verify import verify_cache
 from netopt.cli.output import console, print_json, print_table
-from netopt.config import load_settings
+from netopt.config import cli_token, load_settings
 from netopt.config.datasets import DatasetsSettings
 from netopt.config.loader import parse_byte_size
 from netopt.errors import EXIT_FAILURE, ValidationError
@@ -217,10 +217,9 @@ def verify_command(
 
     Exit code 1 when a chunk a dataset needs is corrupt or missing and was not repaired.
     """
-    from netopt.cli.transfer_cmd import _read_token
     from netopt.dataplane.client import ClientOptions
 
-    opts = SourceOptions(client=ClientOptions(token=_read_token(token_file)))
+    opts = SourceOptions(client=ClientOptions(token=cli_token(token_file, required=False)))
     with _open(cache_dir, config_file) as cache:
         report = asyncio.run(verify_cache(cache, source, opts))
     if as_json:

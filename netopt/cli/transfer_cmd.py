@@ -24,6 +24,7 @@ from netopt.cache.s3 import S3Options
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.cli.output import console, err_console, print_json
+from netopt.config import cli_token
 from netopt.dataplane.client import ClientOptions
 from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
 from netopt.dataplane.sync import SyncProgress
@@ -39,19 +40,6 @@ DEFAULT_SERVE_PORT = 7470
 
 def _cc(value: str) -> str | None:
     return None if value == "default" else value
-
-
-def _read_token(token_file: str | None) -> str | None:
-    if token_file is not None:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise StorageError(f"cannot read token file {token_file}: {exc}") from exc
-        if len(token) < 16:
-            raise ValidationError(f"token in {token_file} is shorter than 16 characters")
-        return token
-    env = os.environ.get("NETOPT_TOKEN")
-    return env.strip() if env else None
 
 
 def _parse_bind(bind: str) -> tuple[str, int]:
@@ -149,7 +137,7 @@ def serve_command(
     """
     host, port = _parse_bind(bind)
     dataset_name = name or Path(directory).resolve().name
-    token = None if no_auth else _read_token(token_file)
+    token = None if no_auth else cli_token(token_file, required=False)
     if token is None and not no_auth:
         token = secrets.token_urlsafe(24)
         err_console.print(f"generated token (give clients NETOPT_TOKEN={token})")
@@ -313,7 +301,7 @@ def sync_command(
     from netopt.cli.cache_cmd import resolve_cache
 
     client = ClientOptions(
-        token=_read_token(token_file),
+        token=cli_token(token_file, required=False),
         congestion_control=_cc(cc),
         rate_limit_bps=rate_limit_mbps * 1e6 if rate_limit_mbps else None,
     )
@@ -402,14 +390,10 @@ def _coordinator_link(
     window_s: float,
     cc: str,
 ) -> tuple[LinkProfile, tuple[str, ...]]:
-    from netopt.transfer.coordinator_link import (
-        coordinator_token,
-        fetch_link_profile,
-        local_node_name,
-    )
+    from netopt.transfer.coordinator_link import fetch_link_profile, local_node_name
 
     src = local_node_name(from_node, config)
-    token = coordinator_token(token_file)
+    token = cli_token(token_file)
     return asyncio.run(
         fetch_link_profile(
             url, token, src, to_node, window_s=window_s, congestion_control=cast(Any, cc)

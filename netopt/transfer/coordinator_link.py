@@ -8,17 +8,14 @@ edge that asks a coordinator for that answer.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from netopt.errors import ConfigError, UsageError, ValidationError
+from netopt.errors import UsageError, ValidationError
 from netopt.transfer.planner import HEADER_EFFICIENCY, CongestionControl, LinkProfile
 
 __all__ = [
     "MissingLinkError",
-    "coordinator_token",
     "fetch_link_profile",
     "link_profile_from_links",
     "local_node_name",
@@ -158,23 +155,3 @@ def local_node_name(from_node: str | None, config_path: str | None) -> str:
     from netopt.config import load_settings
 
     return load_settings(config_path, "agent").node
-
-
-def coordinator_token(token_file: str | None) -> str:
-    """The coordinator token: ``NETOPT_TOKEN``, else the first line of ``token_file``.
-
-    Raises ConfigError when neither gives one.
-    """
-    env = os.environ.get("NETOPT_TOKEN", "").strip()
-    if env:
-        return env
-    if token_file is None:
-        raise ConfigError(
-            "no token given", key_path="token", expected="NETOPT_TOKEN or --token-file"
-        )
-    try:
-        return Path(token_file).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read {token_file}: {exc.strerror}", key_path="token-file"
-        ) from None
