@@ -50,29 +50,36 @@ class Spool:
         except OSError as exc:
             raise StorageError(f"cannot create spool {self.directory}: {exc.strerror}") from exc
         self._clean_temporaries()
+        # seq -> (path, size): kept in memory so sizes and counts cost no disk I/O
+        # (they are read on the event loop); rebuilt from the directory by pending().
+        self._index: dict[int, tuple[Path, int]] = {}
+        self._rescan()
 
     def _clean_temporaries(self) -> None:
         for leftover in self.directory.glob(".batch-*.tmp"):
             leftover.unlink(missing_ok=True)
 
-    def _entries(self) -> list[tuple[int, Path, int]]:
-        entries = []
+    def _rescan(self) -> None:
+        index: dict[int, tuple[Path, int]] = {}
         for path in self.directory.iterdir():
             match = _NAME_RE.match(path.name)
             if match:
                 try:
-                    entries.append((int(match.group(1)), path, path.stat().st_size))
+                    index[int(match.group(1))] = (path, path.stat().st_size)
                 except FileNotFoundError:
                     continue
-        return sorted(entries)
+        self._index = dict(sorted(index.items()))
+
+    def _entries(self) -> list[tuple[int, Path, int]]:
+        return [(seq, path, size) for seq, (path, size) in self._index.items()]
 
     @property
     def size_bytes(self) -> int:
-        """Bytes the spooled batches take."""
-        return sum(size for _, _, size in self._entries())
+        """Bytes the spooled batches take (from memory: no disk I/O)."""
+        return sum(size for _, size in self._index.values())
 
     def __len__(self) -> int:
-        return len(self._entries())
+        return len(self._index)
 
     def put(self, body: dict[str, Any]) -> int:
         """Spool one batch (a JSON-able mapping); returns its sequence number.
@@ -85,8 +92,9 @@ class Spool:
         seq = entries[-1][0] + 1 if entries else 1
         total = sum(size for _, _, size in entries) + len(data)
         while entries and total > self.max_bytes:
-            _, oldest, size = entries.pop(0)
+            oldest_seq, oldest, size = entries.pop(0)
             oldest.unlink(missing_ok=True)
+            del self._index[oldest_seq]
             total -= size
             self.dropped_batches += 1
             log.warning("spool full (%d bytes): dropped oldest batch %s", self.max_bytes, oldest)
@@ -94,11 +102,14 @@ class Spool:
             self.dropped_batches += 1
             log.warning("batch of %d bytes exceeds the whole spool; dropped", len(data))
             return seq
-        atomic_write_bytes(self.directory / f"batch-{seq:012d}.json", data)
+        path = self.directory / f"batch-{seq:012d}.json"
+        atomic_write_bytes(path, data)
+        self._index[seq] = (path, len(data))
         return seq
 
     def pending(self) -> list[SpooledBatch]:
         """Every spooled batch, oldest first. Unreadable files are dropped and counted."""
+        self._rescan()
         batches = []
         for seq, path, size in self._entries():
             try:
@@ -106,6 +117,7 @@ class Spool:
             except (OSError, ValueError):
                 log.warning("dropping unreadable spooled batch %s", path)
                 path.unlink(missing_ok=True)
+                self._index.pop(seq, None)
                 self.dropped_batches += 1
                 continue
             batches.append(SpooledBatch(seq, path, size, body))
@@ -114,3 +126,4 @@ class Spool:
     def ack(self, batch: SpooledBatch) -> None:
         """The coordinator has the batch: remove it."""
         batch.path.unlink(missing_ok=True)
+        self._index.pop(batch.seq, None)
