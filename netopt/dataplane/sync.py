@@ -365,8 +365,14 @@ async def sync_manifest(
 
                 def poke(assembler: FileAssembler) -> None:
                     coro = assembler.poke()
-                    if coro is not None:
+                    if coro is None:
+                        return
+                    try:
                         tg.create_task(coro)
+                    except RuntimeError:
+                        # The group is shutting down (a worker failed or the sync was
+                        # cancelled): the file is abandoned below, never written.
+                        coro.close()
 
                 def on_stored(chunk_id: str) -> None:
                     available.add(chunk_id)
