@@ -39,11 +39,14 @@ def test_matrix_fills_with_the_lab_figures(make_lab: MakeLab, tmp_path: Path) ->
         truth_ms = lab.ground_truth_rtt_ms(src, dst)
         # Never faster than the configured delays allow ...
         assert figures["window"]["rtt_min_ms"] >= truth_ms - 0.2
-        # ... and what the agents saw is what ping sees on the same link right now (the
-        # user-space emulator adds delay when this 2-core machine is overloaded; the
+        # ... and what the agents saw is the configured figure or what ping sees on the
+        # same link right now (the user-space emulator adds delay while this 2-core
+        # machine is overloaded, during the agents' window or during ping's; the
         # emulator's own accuracy is tests/lab/test_lab_accuracy.py's business).
-        ping_ms = ping_avg_ms(lab, src, lab.address(dst))
-        assert abs(figures["latest"]["rtt_p50_ms"] - ping_ms) <= 1.5, (src, dst, ping_ms)
+        p50_ms = figures["latest"]["rtt_p50_ms"]
+        if abs(p50_ms - truth_ms) > 1.5:
+            ping_ms = ping_avg_ms(lab, src, lab.address(dst))
+            assert abs(p50_ms - ping_ms) <= 1.5, (src, dst, p50_ms, truth_ms, ping_ms)
         assert figures["latest"]["rtt_p50_ms"] <= truth_ms + 5.0
         sent = figures["window"]["probes_sent"]
         lost = round(figures["window"]["loss_ratio"] * sent)
