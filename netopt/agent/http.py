@@ -1,13 +1,18 @@
-"""The agent's own HTTP endpoints: ``/healthz``, Prometheus ``/metrics``, the doctor."""
+"""The agent's HTTP endpoints: ``/healthz``, Prometheus ``/metrics``, the doctor, and its
+cache served to peers (the data plane's ``/v1/datasets/...`` routes, token required)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from netopt.agent.doctor_api import doctor_routes
+from netopt.cache.peerserve import CachedDatasets
+from netopt.dataplane.server import ServeSettings, add_dataplane, auth_middleware
+from netopt.transfer.planner import CpuProfile
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -43,8 +48,19 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(agent: Agent) -> web.Application:
     """The agent's web app. Health and metrics carry no secrets, so need no token; the
     doctor routes do (see ``doctor_api``)."""
-    app = web.Application(client_max_size=64 * 1024)
+    app = web.Application(client_max_size=64 * 1024, middlewares=[auth_middleware])
     app[AGENT] = agent
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
     app.add_routes(doctor_routes(agent))
+    cache = agent.settings.cache
+    cc = None if cache.congestion_control == "default" else cache.congestion_control
+    # Peers fetch in-region chunks uncompressed: no codec profile is needed (nor the
+    # seconds a calibration takes at start-up); the info route says so with empty maps.
+    cpu = CpuProfile(cores=os.cpu_count() or 1, compress_bytes_per_s={}, decompress_bytes_per_s={})
+    add_dataplane(
+        app,
+        ServeSettings(token=agent.token, congestion_control=cc, worker_threads=2),
+        CachedDatasets(cache.dir),
+        cpu,
+    )
     return app

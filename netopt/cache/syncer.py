@@ -10,20 +10,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from netopt.cache.residency import check_residency, find_spec
+from netopt.cache.shared import (
+    RegionSharing,
+    ReportingSink,
+    SharedChunkSource,
+    SharingOptions,
+)
 from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
+from netopt.coordinator.client import CoordinatorClient
+from netopt.dataplane.chunkio import ChunkSink, ChunkSource
+from netopt.dataplane.client import ClientOptions
 from netopt.dataplane.sync import ProgressCallback, SyncOptions, SyncSummary, sync_manifest
-from netopt.errors import StorageError
+from netopt.errors import NetoptError, StorageError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import TransferPlan
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CacheSink",
@@ -154,6 +167,8 @@ class SyncRequest:
     catalogue: DatasetsSettings | None = None
     source_options: SourceOptions = field(default_factory=SourceOptions)
     sync_options: SyncOptions | None = None
+    sharing: SharingOptions | None = None
+    """Share chunks within the region through the coordinator's catalogue."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +185,7 @@ class SyncReport:
     summary: SyncSummary | None = None
     transfer_plan: TransferPlan | None = None
     evicted_chunks: int = 0
+    sharing: dict[str, Any] | None = None
 
     @property
     def wire_bytes(self) -> int:
@@ -204,24 +220,76 @@ class SyncReport:
         }
         if self.transfer_plan is not None:
             out["transfer_plan"] = self.transfer_plan.to_dict()
+        if self.sharing is not None:
+            out["sharing"] = self.sharing
         return out
+
+
+async def _join_sharing(
+    options: SharingOptions,
+    opened: OpenedSource,
+    cache: Cache,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[RegionSharing, SharedChunkSource] | str:
+    """Open the catalogue session; the reason as a string when sharing is not possible."""
+    client = await stack.enter_async_context(
+        CoordinatorClient(options.coordinator_url, options.token, timeout_s=options.timeout_s)
+    )
+    sharing = RegionSharing(client, options, opened.manifest)
+    for chunk_id in opened.manifest.unique_chunks():
+        if cache.has(chunk_id):
+            sharing.stored(chunk_id)  # what this node already holds, peers may fetch
+    try:
+        await sharing.join()
+    except NetoptError as exc:
+        log.warning("syncing without region sharing: %s", exc)
+        return str(exc)
+    stack.push_async_callback(sharing.close)
+    flusher = asyncio.get_running_loop().create_task(sharing.flush_forever())
+
+    async def stop_flusher() -> None:
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
+
+    stack.push_async_callback(stop_flusher)
+    peer_options = ClientOptions(token=options.token, streams=options.peer_streams)
+    source = SharedChunkSource(opened.source, sharing, peer_options)
+    stack.push_async_callback(source.aclose)
+    return sharing, source
 
 
 async def _sync_into_cache(
     req: SyncRequest, opened: OpenedSource, cache: Cache, on_progress: ProgressCallback | None
-) -> tuple[SyncSummary, int]:
+) -> tuple[SyncSummary, int, dict[str, Any] | None]:
     manifest = opened.manifest
     await asyncio.to_thread(cache.add_manifest, manifest)
     cache.in_use = set(manifest.unique_chunks())
+    opts = replace(req.sync_options or SyncOptions(), streams=opened.streams)
+    source: ChunkSource = opened.source
+    sink: ChunkSink = CacheSink(cache)
+    shared: dict[str, Any] | None = None
     try:
-        opts = replace(req.sync_options or SyncOptions(), streams=opened.streams)
-        summary = await sync_manifest(
-            manifest, opened.source, CacheSink(cache), req.dest, opts, on_progress=on_progress
-        )
+        async with contextlib.AsyncExitStack() as stack:
+            sharing: RegionSharing | None = None
+            if req.sharing is not None:
+                joined = await _join_sharing(req.sharing, opened, cache, stack)
+                if isinstance(joined, str):
+                    shared = {"enabled": False, "reason": joined}
+                else:
+                    sharing, source = joined
+                    sink = ReportingSink(sink, sharing)
+                    opts = replace(opts, start_fraction=sharing.stats.start_fraction)
+            summary = await sync_manifest(
+                manifest, source, sink, req.dest, opts, on_progress=on_progress
+            )
+            if sharing is not None:
+                await sharing.flush()
+                shared = {"enabled": True, **sharing.stats.to_dict()}
     finally:
         cache.in_use = set()
     evicted = await asyncio.to_thread(cache.evict_to)
-    return summary, len(evicted)
+    return summary, len(evicted), shared
 
 
 async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None) -> SyncReport:
@@ -247,9 +315,10 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
             plan = plan_sync(opened.manifest, dest_files, set(cache.sizes_bytes))
             summary: SyncSummary | None = None
             evicted = 0
+            shared: dict[str, Any] | None = None
             if not req.dry_run:
                 await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
-                summary, evicted = await _sync_into_cache(req, opened, cache, on_progress)
+                summary, evicted, shared = await _sync_into_cache(req, opened, cache, on_progress)
         except BaseException:
             # Keep the first error (a full disk also fails the index write).
             with contextlib.suppress(StorageError):
@@ -267,6 +336,7 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
         summary=summary,
         transfer_plan=opened.plan,
         evicted_chunks=evicted,
+        sharing=shared,
     )
 
 

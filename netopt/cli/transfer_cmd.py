@@ -21,10 +21,11 @@ from rich.progress import (
 )
 
 from netopt.cache.s3 import S3Options
+from netopt.cache.shared import SharingOptions
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.cli.output import console, err_console, print_json
-from netopt.config import cli_token
+from netopt.config import cli_token, load_settings, resolve_token
 from netopt.dataplane.client import ClientOptions
 from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
 from netopt.dataplane.sync import SyncProgress
@@ -256,6 +257,19 @@ class _Bar:
 )
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the token.")
 @click.option(
+    "--share/--no-share",
+    default=None,
+    help="Fetch chunks from in-region peers through the coordinator's catalogue, crossing "
+    "the border once per region (default: on when --config or --coordinator is given).",
+)
+@click.option(
+    "--coordinator",
+    "coordinator_url",
+    default=None,
+    help="Coordinator URL for sharing (default: coordinator_url of --config).",
+)
+@click.option("--node", default=None, help="This node's name for sharing (default: from --config).")
+@click.option(
     "--s3-endpoint-url",
     default=None,
     help="s3://: the S3-compatible endpoint, e.g. https://minio.local:9000 (default: AWS).",
@@ -285,11 +299,18 @@ def sync_command(
     link_loss: float,
     chunk_size_bytes: int,
     token_file: str | None,
+    share: bool | None,
+    coordinator_url: str | None,
+    node: str | None,
     s3_endpoint_url: str | None,
     s3_region: str | None,
     s3_profile: str | None,
 ) -> int:
     """Fetch SOURCE into DEST through the node's chunk cache; resumable, delta re-syncs.
+
+    With --config (the node's agent config) or --coordinator, chunks come from
+    in-region peers that hold them and cross the border once per region; the
+    node's agent then serves what this sync stored (use the agent's cache dir).
 
     SOURCE is a directory, netopt://HOST:PORT/NAME, a netopt manifest URL
     (http(s)://HOST:PORT/v1/datasets/NAME), a web server's directory listing
@@ -306,7 +327,9 @@ def sync_command(
         rate_limit_bps=rate_limit_mbps * 1e6 if rate_limit_mbps else None,
     )
     where = resolve_cache(cache_dir, capacity, config_file, region, datasets_file)
+    sharing = _sharing_options(share, config_file, coordinator_url, node, client.token)
     request = SyncRequest(
+        sharing=sharing,
         source=source,
         dest=dest,
         cache_dir=where.cache_dir,
@@ -349,6 +372,42 @@ def sync_command(
         f"{summary.throughput_bps / 1e6:.1f} Mbit/s effective"
     )
     return 0
+
+
+def _sharing_options(
+    share: bool | None,
+    config_file: str | None,
+    coordinator_url: str | None,
+    node: str | None,
+    token: str | None,
+) -> SharingOptions | None:
+    """Region sharing settings from the options and the agent config; None when off.
+
+    Raises ValidationError when sharing is asked for but the node, coordinator or
+    token is missing (naming the option that would give it).
+    """
+    if share is False or (share is None and config_file is None and coordinator_url is None):
+        return None
+    if config_file is not None:
+        agent = load_settings(config_file, "agent")
+        coordinator_url = coordinator_url or agent.coordinator_url
+        node = node or agent.node
+        if token is None and (agent.token or agent.token_file or share):
+            token = resolve_token(agent.token, agent.token_file)
+    missing = [
+        option
+        for option, value in (("--coordinator", coordinator_url), ("--node", node),
+                              ("--token-file or NETOPT_TOKEN", token))
+        if value is None
+    ]  # fmt: skip
+    if missing and share is None:
+        return None  # sharing was not asked for explicitly: a plain sync
+    if missing:
+        raise ValidationError(f"sharing needs {', '.join(missing)} (or --config AGENT.yaml)")
+    assert coordinator_url is not None
+    assert node is not None
+    assert token is not None
+    return SharingOptions(coordinator_url=coordinator_url, token=token, node=node)
 
 
 def run_plan(

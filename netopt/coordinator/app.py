@@ -24,6 +24,8 @@ from aiohttp.typedefs import Handler
 from netopt.config import CoordinatorSettings, resolve_token
 from netopt.coordinator import dashboard
 from netopt.coordinator.auth import token_middleware
+from netopt.coordinator.catalogue import Catalogue
+from netopt.coordinator.catalogue_api import CATALOGUE, CATALOGUE_ROUTES, ChunkCatalogue
 from netopt.coordinator.database import Database
 from netopt.coordinator.fields import RequestInvalid, parse_json_body
 from netopt.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
@@ -271,6 +273,7 @@ ROUTES: tuple[tuple[str, str, RouteHandler], ...] = (
     ("GET", "/api/v1/regions", regions),
     ("GET", "/api/v1/plan", fleet_plan),
     ("POST", "/api/v1/placements", placements),
+    *CATALOGUE_ROUTES,
     ("GET", "/openapi.json", openapi),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics_endpoint),
@@ -344,6 +347,7 @@ def create_app(
     )
     app[COORDINATOR] = coordinator
     app[METRICS] = metrics
+    app[CATALOGUE] = ChunkCatalogue(Catalogue(), coordinator)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
     app.cleanup_ctx.append(_lifecycle(db, deps))

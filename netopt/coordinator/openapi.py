@@ -39,6 +39,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _schemas() -> dict[str, Any]:
+    indexes = {"type": "array", "maxItems": 65536, "items": {"type": "integer", "minimum": 0}}
     rtt = _obj(["min", "mean", "p50", "p90", "p99", "max"],
                **{k: MS for k in ("min", "mean", "p50", "p90", "p99", "max")})  # fmt: skip
     summary = _obj(
@@ -139,6 +140,28 @@ def _schemas() -> dict[str, Any]:
                      "catalogue (datasets_file): no rule applies"}}},
         "History": {"type": "object", "properties": {
             "summaries": {"type": "array", "items": _ref("LinkSummary")}}},
+        "RouteRequest": _obj(
+            ["node", "chunk_count"], node=NAME,
+            chunk_count={"type": "integer", "minimum": 1, "maximum": 1 << 24},
+            want={**indexes, "description": "chunks to find sources for (indexes into the "
+                  "manifest's unique-chunk order)"},
+            have={**indexes, "description": "chunks stored since the last call"},
+            exclude={"type": "array", "maxItems": 256, "items": NAME,
+                     "description": "peers this node failed to reach"},
+            done={"type": "boolean", "description": "the sync ended: free its leases"}),
+        "RouteAnswer": {"type": "object", "properties": {
+            "peers": {"type": "object", "additionalProperties": indexes,
+                      "description": "node -> chunks to fetch from it (same region)"},
+            "origin": {**indexes, "description": "leased to the caller: fetch from SOURCE"},
+            "wait": {**indexes, "description": "in flight across the border for a peer: "
+                     "ask again after retry_after_s"},
+            "endpoints": {"type": "object", "additionalProperties": {"type": "string"},
+                          "description": "node -> HOST:PORT of its agent's data plane"},
+            "retry_after_s": {"type": "number"},
+            "start_fraction": {"type": "number", "description": "first call only: where in "
+                               "the chunk order this syncer should start"}}},
+        "Datasets": {"type": "object", "description": "every dataset version: holders "
+                     "(chunks held, live) and sync sessions (leases)"},
     }  # fmt: skip
 
 
@@ -215,6 +238,13 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/regions": {"get": _op("Region-pair aggregates", "Regions", window_s=window)},
             "/api/v1/plan": {"get": _op("The whole fleet's plan", None)},
             "/api/v1/placements": {"post": _placement_op()},
+            "/api/v1/datasets": {"get": _op("The chunk catalogue: dataset versions, holders "
+                                            "and sync sessions", "Datasets")},
+            "/api/v1/datasets/{dataset}/versions/{manifest_id}/route": {"post": _op(
+                "Sources for the chunks a sync wants (in-region peers first, the border "
+                "once); reports the chunks it stored", "RouteAnswer", "RouteRequest",
+                dataset=("path", {"type": "string"}),
+                manifest_id=("path", {"type": "string", "pattern": "^[0-9a-f]{64}$"}))},
             "/metrics": {"get": {"summary": "Prometheus metrics (token required)",
                                  "responses": {"200": {"description": "text format 0.0.4"}}}},
             "/healthz": {"get": {"summary": "Liveness, no token", "security": [],

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import blake3
 from aiohttp import web
@@ -47,9 +48,12 @@ from netopt.transfer.profile import cpu_profile_to_dict, sample_files
 __all__ = [
     "DATASETS",
     "STATS",
+    "DatasetView",
     "ServeSettings",
     "ServeStats",
     "ServedDataset",
+    "add_dataplane",
+    "auth_middleware",
     "create_app",
     "load_dataset",
     "start_server",
@@ -71,6 +75,23 @@ class ServeSettings:
     token: str | None
     congestion_control: str | None = "bbr"
     worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+class DatasetView(Protocol):
+    """What the routes need of a dataset: its manifest, which chunks it has, a sample."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def index(self) -> Mapping[str, object]: ...
+
+    @property
+    def sample(self) -> SampleProfile: ...
+
+    def read_chunk(self, chunk_id: str) -> bytes:
+        """The verified bytes of one chunk (blocking); StorageError, IntegrityError."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -119,7 +140,7 @@ class ServeStats:
         self.payload_bytes_sent = 0
 
 
-DATASETS = web.AppKey("datasets", dict[str, ServedDataset])
+DATASETS = web.AppKey("datasets", Mapping[str, DatasetView])
 SETTINGS = web.AppKey("settings", ServeSettings)
 CPU = web.AppKey("cpu", CpuProfile)
 STATS = web.AppKey("stats", ServeStats)
@@ -134,9 +155,9 @@ def _error(status: int, exc: NetoptError | str) -> web.Response:
 
 
 @web.middleware
-async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[SETTINGS].token
-    if token is None or request.path == "/v1/health":
+    if token is None or not request.path.startswith("/v1/datasets"):
         return await handler(request)
     given = request.headers.get(AUTH_HEADER, "")
     expected = f"Bearer {token}"
@@ -145,7 +166,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
-def _dataset(request: web.Request) -> ServedDataset:
+def _dataset(request: web.Request) -> DatasetView:
     name = request.match_info["name"]
     if not DATASET_NAME_RE.match(name) or ".." in name:
         raise web.HTTPBadRequest(text=f"bad dataset name {name!r}")
@@ -180,7 +201,7 @@ async def dataset_manifest(request: web.Request) -> web.Response:
     return web.json_response(manifest_to_dict(_dataset(request).manifest))
 
 
-def _read_and_encode(ds: ServedDataset, chunk_id: str, level: int) -> tuple[bytes, Codec]:
+def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:
     return encode_chunk(ds.read_chunk(chunk_id), level)
 
 
@@ -194,7 +215,7 @@ def _level(request: web.Request) -> int:
     return level
 
 
-def _chunk_name(ds: ServedDataset, chunk_id: object) -> str:
+def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
     if not isinstance(chunk_id, str) or not CHUNK_ID_RE.match(chunk_id):
         raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits")
     if chunk_id not in ds.index:
@@ -284,16 +305,17 @@ async def _executor_ctx(app: web.Application) -> AsyncIterator[None]:
     executor.shutdown(wait=True, cancel_futures=True)
 
 
-def create_app(
+def add_dataplane(
+    app: web.Application,
     settings: ServeSettings,
-    datasets: Mapping[str, ServedDataset],
+    datasets: Mapping[str, DatasetView],
     cpu_profile: CpuProfile,
     stats: ServeStats | None = None,
-) -> web.Application:
-    """The data-plane application serving ``datasets`` (name -> dataset)."""
-    app = web.Application(middlewares=[_auth])
+) -> None:
+    """Add the data-plane routes to ``app`` (whose middlewares must include
+    `auth_middleware`); the agent serves its cache to peers this way."""
     app[SETTINGS] = settings
-    app[DATASETS] = dict(datasets)
+    app[DATASETS] = datasets
     app[CPU] = cpu_profile
     app[STATS] = stats or ServeStats()
     app.cleanup_ctx.append(_executor_ctx)
@@ -306,6 +328,21 @@ def create_app(
             web.post("/v1/datasets/{name}/batch", dataset_batch),
         ]
     )
+
+
+def create_app(
+    settings: ServeSettings,
+    datasets: Mapping[str, DatasetView],
+    cpu_profile: CpuProfile,
+    stats: ServeStats | None = None,
+) -> web.Application:
+    """The data-plane application serving ``datasets`` (name -> dataset).
+
+    ``datasets`` is kept as given, so a live mapping (an agent's cache) serves
+    datasets that appear after the start.
+    """
+    app = web.Application(middlewares=[auth_middleware])
+    add_dataplane(app, settings, datasets, cpu_profile, stats)
     return app
 
 

@@ -56,6 +56,9 @@ class SyncOptions:
     """At most this many logical bytes per request; less near the end, to keep streams even."""
     hold_bytes: int = 128 * 1024 * 1024
     """Verified chunks kept in memory until their files are written (no read-back, no re-hash)."""
+    start_fraction: float = 0.0
+    """Where in the chunk order to start (0..1), wrapping around: nodes syncing the same
+    dataset at once start at different places, so they fetch different chunks first."""
 
 
 @dataclass(frozen=True)
@@ -347,7 +350,9 @@ async def sync_manifest(
                 else:
                     missing[ref.chunk_id] = None
         run.chunks_total = len(missing)
-        run.queue.extend(missing)
+        order = list(missing)
+        start = int(len(order) * min(max(opts.start_fraction, 0.0), 1.0)) % max(1, len(order))
+        run.queue.extend(order[start:] + order[:start])
         run.queued_bytes = sum(run.lengths[cid] for cid in missing)
         available = set(reused)
         assemblers = [

@@ -1,0 +1,115 @@
+"""A node's cache as datasets its agent serves to peers (read-only).
+
+The agent and ``netopt sync`` are separate processes sharing the cache
+directory. ``netopt sync`` holds the cache lock and writes; the agent only reads
+files that are complete by construction (chunk files appear by rename, manifest
+files by atomic replace), so it needs no lock. A chunk evicted between the
+catalogue's answer and a peer's request reads as missing: the batch stream is
+cut and the peer fetches that chunk elsewhere.
+
+Each dataset is served as the union of its cached versions: a peer asks for
+chunks by content name, so any version's chunk is the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+
+from netopt.config.common import DATASET_NAME_RE
+from netopt.errors import IntegrityError, StorageError
+from netopt.transfer.manifest import CHUNK_ID_RE, Manifest, manifest_from_dict
+from netopt.transfer.planner import SampleProfile
+
+__all__ = ["CachedDataset", "CachedDatasets"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CachedDataset:
+    """One dataset of the cache: its newest manifest, every version's chunks."""
+
+    root: Path
+    manifest: Manifest
+    index: Mapping[str, int]
+    """chunk name -> length, over every cached version of the dataset."""
+    sample: SampleProfile = field(default_factory=lambda: SampleProfile({}, 0))
+
+    def read_chunk(self, chunk_id: str) -> bytes:
+        """The chunk's bytes, verified. StorageError when it is not (or no longer) cached,
+        IntegrityError when the file does not match its name."""
+        if not CHUNK_ID_RE.fullmatch(chunk_id):
+            raise StorageError(f"bad chunk name {chunk_id[:16]!r}")
+        path = self.root / "chunks" / chunk_id[:2] / chunk_id
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StorageError(f"chunk {chunk_id[:16]} is not in the cache: {exc}") from exc
+        if len(data) != self.index.get(chunk_id) or blake3.blake3(data).hexdigest() != chunk_id:
+            raise IntegrityError(f"cached chunk {chunk_id[:16]} does not verify")
+        return data
+
+
+class CachedDatasets(Mapping[str, CachedDataset]):
+    """Name -> :class:`CachedDataset` for a cache directory, re-read when its manifests change."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._loaded: dict[str, tuple[tuple[tuple[str, int], ...], CachedDataset]] = {}
+
+    def _versions(self, name: str) -> tuple[tuple[str, int], ...]:
+        folder = self.root / "manifests" / name
+        try:
+            entries = [(p.name, p.stat().st_mtime_ns) for p in folder.glob("*.json")]
+        except OSError:
+            return ()
+        return tuple(sorted(entries))
+
+    def _load(self, name: str, versions: tuple[tuple[str, int], ...]) -> CachedDataset | None:
+        newest: tuple[int, Manifest] | None = None
+        index: dict[str, int] = {}
+        for file_name, mtime_ns in versions:
+            path = self.root / "manifests" / name / file_name
+            try:
+                manifest = manifest_from_dict(json.loads(path.read_bytes()))
+            except (OSError, ValueError) as exc:
+                log.warning("skipping cached manifest %s: %s", path, exc)
+                continue
+            index.update(manifest.unique_chunks())
+            if newest is None or mtime_ns > newest[0]:
+                newest = (mtime_ns, manifest)
+        if newest is None:
+            return None
+        return CachedDataset(self.root, newest[1], index)
+
+    def __getitem__(self, name: str) -> CachedDataset:
+        if not DATASET_NAME_RE.fullmatch(name) or ".." in name:
+            raise KeyError(name)
+        versions = self._versions(name)
+        if not versions:
+            raise KeyError(name)
+        loaded = self._loaded.get(name)
+        if loaded is None or loaded[0] != versions:
+            dataset = self._load(name, versions)
+            if dataset is None:
+                raise KeyError(name)
+            self._loaded[name] = (versions, dataset)
+            return dataset
+        return loaded[1]
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            names = sorted(p.name for p in (self.root / "manifests").iterdir() if p.is_dir())
+        except OSError:
+            return iter(())
+        return iter(n for n in names if DATASET_NAME_RE.fullmatch(n))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

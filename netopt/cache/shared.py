@@ -1,0 +1,337 @@
+"""Region-aware sharing: each chunk crosses a border once per region.
+
+With a coordinator, ``netopt sync`` on a node asks the coordinator's chunk
+catalogue where each chunk should come from (see
+:mod:`netopt.coordinator.catalogue`): from an in-region peer's agent that holds
+it, from SOURCE (across the border) when the node holds the chunk's lease, or
+later when another node of the region is fetching it across the border right
+now. The node reports every chunk it stores, so its agent serves it to the
+region's next askers.
+
+:class:`SharedChunkSource` is an ordinary `ChunkSource` to the sync engine: it
+routes each batch, fetches the parts from peers and SOURCE concurrently and
+yields the chunks in the order asked. A peer that fails is excluded for the rest
+of the sync and its chunks are routed again (another peer, or SOURCE), so a peer
+killed mid-sync costs a retry, not the sync. A sync killed mid-way stops
+renewing its session; the coordinator frees its leases after the session TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from netopt.coordinator.client import CoordinatorClient
+from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk
+from netopt.dataplane.client import ClientOptions, DatasetUrl, HttpChunkSource
+from netopt.errors import NetoptError, ValidationError
+from netopt.transfer.manifest import Manifest
+
+__all__ = [
+    "RegionSharing",
+    "ReportingSink",
+    "SharedChunkSource",
+    "SharingOptions",
+    "SharingStats",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_INDEXES = 65536
+"""Chunk indexes per list in one call (the coordinator's limit)."""
+FLUSH_INTERVAL_S = 0.5
+"""How often stored chunks are reported (and the session renewed) between routing calls."""
+
+
+@dataclass(frozen=True)
+class SharingOptions:
+    """How to reach the coordinator, and who this node is."""
+
+    coordinator_url: str
+    token: str
+    node: str
+    peer_streams: int = 4
+    timeout_s: float = 10.0
+
+
+@dataclass
+class SharingStats:
+    """Where this sync's chunks came from."""
+
+    chunks_from_peers: int = 0
+    wire_bytes_from_peers: int = 0
+    chunks_from_source: int = 0
+    wire_bytes_from_source: int = 0
+    waits: int = 0
+    route_calls: int = 0
+    peers_excluded: list[str] = field(default_factory=list)
+    start_fraction: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stats as JSON-able data."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class _Route:
+    peers: dict[str, list[str]]
+    endpoints: dict[str, str]
+    origin: list[str]
+    wait: list[str]
+    retry_after_s: float
+
+
+class RegionSharing:
+    """One sync's session with the coordinator's chunk catalogue."""
+
+    def __init__(self, client: CoordinatorClient, options: SharingOptions, manifest: Manifest):
+        self.client = client
+        self.options = options
+        self.manifest = manifest
+        self.ids = list(manifest.unique_chunks())
+        self.index_of = {cid: i for i, cid in enumerate(self.ids)}
+        self.stats = SharingStats()
+        self.excluded: set[str] = set()
+        self._stored: list[int] = []
+        self._path = f"/api/v1/datasets/{manifest.name}/versions/{manifest.manifest_id}/route"
+
+    def stored(self, chunk_id: str) -> None:
+        """Note a chunk stored in the cache; reported with the next call."""
+        index = self.index_of.get(chunk_id)
+        if index is not None:
+            self._stored.append(index)
+
+    def exclude(self, node: str) -> None:
+        """Stop fetching from ``node`` for the rest of this sync."""
+        if node not in self.excluded:
+            self.excluded.add(node)
+            self.stats.peers_excluded.append(node)
+
+    async def _call(self, want: Sequence[str], done: bool = False) -> dict[str, Any]:
+        have, self._stored = self._stored[:MAX_INDEXES], self._stored[MAX_INDEXES:]
+        body = {
+            "node": self.options.node,
+            "chunk_count": len(self.ids),
+            "want": [self.index_of[c] for c in want],
+            "have": have,
+            "exclude": sorted(self.excluded),
+            "done": done,
+        }
+        self.stats.route_calls += 1
+        try:
+            answer: dict[str, Any] = await self.client.request("POST", self._path, body)
+        except BaseException:
+            self._stored[:0] = have  # report them with the next call
+            raise
+        return answer
+
+    async def join(self) -> float:
+        """Open the session; where in the chunk order to start (0..1)."""
+        answer = await self._call(())
+        self.stats.start_fraction = float(answer.get("start_fraction", 0.0))
+        return self.stats.start_fraction
+
+    async def route(self, want: Sequence[str]) -> _Route:
+        """Sources for ``want`` (and report what was stored since the last call)."""
+        answer = await self._call(want)
+        ids = self.ids
+
+        def names(indexes: list[int]) -> list[str]:
+            return [ids[i] for i in indexes]
+
+        return _Route(
+            peers={node: names(idx) for node, idx in answer.get("peers", {}).items()},
+            endpoints=dict(answer.get("endpoints", {})),
+            origin=names(answer.get("origin", [])),
+            wait=names(answer.get("wait", [])),
+            retry_after_s=float(answer.get("retry_after_s", 0.25)),
+        )
+
+    async def flush(self) -> None:
+        """Report stored chunks now (also renews the session)."""
+        while self._stored:
+            await self._call(())
+
+    async def flush_forever(self) -> None:
+        """Report stored chunks every FLUSH_INTERVAL_S; errors are logged, not raised."""
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            try:
+                await self._call(())
+            except NetoptError as exc:
+                log.warning("cannot report stored chunks to the coordinator: %s", exc)
+
+    async def close(self) -> None:
+        """Report what is left and end the session (frees leases at once)."""
+        with contextlib.suppress(NetoptError):
+            await self._call((), done=True)
+
+
+class ReportingSink:
+    """A `ChunkSink` that tells the session about every chunk it stores."""
+
+    def __init__(self, inner: ChunkSink, sharing: RegionSharing) -> None:
+        self.inner = inner
+        self.sharing = sharing
+
+    async def has(self, chunk_id: str) -> bool:
+        return await self.inner.has(chunk_id)
+
+    async def put(self, chunk_id: str, data: bytes) -> None:
+        await self.inner.put(chunk_id, data)
+        self.sharing.stored(chunk_id)
+
+    async def get(self, chunk_id: str) -> bytes:
+        return await self.inner.get(chunk_id)
+
+
+def _endpoint_url(endpoint: str, name: str) -> DatasetUrl:
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValidationError(f"the coordinator gave a bad peer endpoint {endpoint!r}")
+    return DatasetUrl(host.strip("[]"), int(port), name)
+
+
+class SharedChunkSource:
+    """`ChunkSource` that routes every batch through the catalogue (see module doc)."""
+
+    def __init__(
+        self, origin: ChunkSource, sharing: RegionSharing, peer_options: ClientOptions
+    ) -> None:
+        self.origin = origin
+        self.sharing = sharing
+        self.peer_options = peer_options
+        self._peers: dict[str, HttpChunkSource] = {}
+
+    async def aclose(self) -> None:
+        """Close the connections to peers."""
+        for source in self._peers.values():
+            await source.__aexit__(None, None, None)
+        self._peers.clear()
+
+    async def _peer(self, node: str, endpoint: str) -> HttpChunkSource:
+        source = self._peers.get(node)
+        if source is None:
+            url = _endpoint_url(endpoint, self.sharing.manifest.name)
+            source = HttpChunkSource(url, self.peer_options, None)
+            await source.__aenter__()
+            self._peers[node] = source
+        return source
+
+    async def fetch_manifest(self) -> Manifest:
+        return await self.origin.fetch_manifest()
+
+    async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        async for raw in self.fetch_chunks([(chunk_id, length_bytes)]):
+            return raw
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
+        """Route ``wanted``, fetch its parts concurrently, yield the chunks in order.
+
+        Raises what SOURCE raises for the chunks leased to this node (the sync
+        engine retries), and what the coordinator client raises.
+        """
+        batch = _Batch(self, wanted)
+        try:
+            async for raw in batch.run():
+                yield raw
+        finally:
+            await batch.cancel()
+
+
+class _Batch:
+    """One ``fetch_chunks`` call in progress."""
+
+    def __init__(self, owner: SharedChunkSource, wanted: Sequence[tuple[str, int]]) -> None:
+        self.owner = owner
+        self.order = [cid for cid, _ in wanted]
+        self.lengths = dict(wanted)
+        self.got: dict[str, RawChunk] = {}
+        self.routed: set[str] = set()
+        self.failure: BaseException | None = None
+        self.changed = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def _start(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def run(self) -> AsyncIterator[RawChunk]:
+        sharing = self.owner.sharing
+        pos = 0
+        last_route_s = float("-inf")
+        retry_after_s = 0.25
+        while True:
+            while pos < len(self.order) and self.order[pos] in self.got:
+                yield self.got.pop(self.order[pos])
+                pos += 1
+            if pos == len(self.order):
+                return
+            if self.failure is not None:
+                raise self.failure
+            unrouted = [c for c in self.order[pos:] if c not in self.got and c not in self.routed]
+            if unrouted and time.monotonic() - last_route_s >= retry_after_s:
+                route = await sharing.route(unrouted)
+                last_route_s = time.monotonic()
+                retry_after_s = route.retry_after_s
+                sharing.stats.waits += len(route.wait)
+                for node, cids in route.peers.items():
+                    self.routed.update(cids)
+                    self._start(self._from_peer(node, route.endpoints.get(node, ""), cids))
+                if route.origin:
+                    self.routed.update(route.origin)
+                    self._start(self._from_origin(route.origin))
+                if route.peers or route.origin:
+                    continue
+            self.changed.clear()
+            timeout_s = max(0.0, last_route_s + retry_after_s - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout_s if unrouted else None)
+
+    async def _from_peer(self, node: str, endpoint: str, cids: list[str]) -> None:
+        stats = self.owner.sharing.stats
+        try:
+            source = await self.owner._peer(node, endpoint)
+            received = 0
+            async for raw in source.fetch_chunks([(c, self.lengths[c]) for c in cids]):
+                self.got[cids[received]] = raw
+                received += 1
+                stats.chunks_from_peers += 1
+                stats.wire_bytes_from_peers += raw.wire_bytes
+                self.changed.set()
+        except NetoptError as exc:
+            log.warning("peer %s failed (%s); routing its chunks elsewhere", node, exc)
+            self.owner.sharing.exclude(node)
+        finally:
+            self.routed.difference_update(cids)
+            self.changed.set()
+
+    async def _from_origin(self, cids: list[str]) -> None:
+        stats = self.owner.sharing.stats
+        try:
+            received = 0
+            async for raw in self.owner.origin.fetch_chunks([(c, self.lengths[c]) for c in cids]):
+                self.got[cids[received]] = raw
+                received += 1
+                stats.chunks_from_source += 1
+                stats.wire_bytes_from_source += raw.wire_bytes
+                self.changed.set()
+        except NetoptError as exc:
+            self.failure = exc  # raised by run(): the sync engine retries the batch
+        finally:
+            self.routed.difference_update(cids)
+            self.changed.set()
+
+    async def cancel(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(BaseException):
+                await task

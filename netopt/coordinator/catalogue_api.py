@@ -1,0 +1,137 @@
+"""HTTP routes of the chunk catalogue (see :mod:`netopt.coordinator.catalogue`).
+
+    POST /api/v1/datasets/{dataset}/versions/{manifest_id}/route
+        body {"node", "chunk_count", "want": [i...], "have": [i...], "exclude": [node...],
+              "done": bool}
+        200 {"peers": {node: [i...]}, "origin": [i...], "wait": [i...],
+             "endpoints": {node: "HOST:PORT"}, "retry_after_s", ["start_fraction"]}
+    GET  /api/v1/datasets                       every version, its holders and sessions
+
+The asking node must be registered (its region decides who its peers are); a
+peer is offered only while its agent is live and advertises a data port.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from netopt.config.common import DATASET_NAME_RE, NAME_RE
+from netopt.coordinator.catalogue import Catalogue, CatalogueError, RouteRequest
+from netopt.coordinator.fields import Reader, RequestInvalid, parse_json_body
+from netopt.coordinator.service import Coordinator, NotFoundError, node_state
+from netopt.transfer.manifest import CHUNK_ID_RE
+
+__all__ = ["CATALOGUE", "CATALOGUE_ROUTES", "ChunkCatalogue", "parse_route_request"]
+
+MAX_INDEXES = 65536
+"""Indexes per list in one call (a sync asks batch by batch and reports as it stores)."""
+MAX_EXCLUDE = 256
+
+
+def _indexes(r: Reader, key: str, chunk_count: int) -> tuple[int, ...]:
+    out = []
+    for where, value in r.items(key, max_items=MAX_INDEXES, required=False):
+        if type(value) is not int or not 0 <= value < chunk_count:
+            raise RequestInvalid(where, f"expected a chunk index within 0..{chunk_count - 1}")
+        out.append(value)
+    return tuple(out)
+
+
+def parse_route_request(data: object, dataset: str, manifest_id: str) -> RouteRequest:
+    """The route call's body; RequestInvalid naming the field for anything malformed."""
+    if not DATASET_NAME_RE.fullmatch(dataset) or ".." in dataset:
+        raise RequestInvalid("dataset", f"{dataset[:64]!r} is not a dataset name")
+    if not CHUNK_ID_RE.fullmatch(manifest_id):
+        raise RequestInvalid("manifest_id", "expected 64 lowercase hex digits")
+    r = Reader(data, keys=frozenset(("node", "chunk_count", "want", "have", "exclude", "done")))
+    node = r.string("node", max_len=63, pattern=NAME_RE)
+    chunk_count = r.integer("chunk_count", ge=1, le=1 << 24)
+    exclude = []
+    for where, value in r.items("exclude", max_items=MAX_EXCLUDE, required=False):
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+            raise RequestInvalid(where, "expected a node name")
+        exclude.append(value)
+    return RouteRequest(
+        node=node,
+        dataset=dataset,
+        manifest_id=manifest_id,
+        chunk_count=chunk_count,
+        want=_indexes(r, "want", chunk_count),
+        have=_indexes(r, "have", chunk_count),
+        exclude=tuple(exclude),
+        done=r.boolean("done", default=False),
+    )
+
+
+@dataclass
+class ChunkCatalogue:
+    """The catalogue joined with the registry (regions, liveness, data endpoints)."""
+
+    catalogue: Catalogue
+    coordinator: Coordinator
+
+    def _live(self, now_s: float) -> set[str]:
+        stale_after_s = self.coordinator.settings.stale_after_s
+        return {
+            name
+            for name, node in self.coordinator.nodes.items()
+            if node_state(node, now_s, stale_after_s) == "live"
+        }
+
+    def route(self, req: RouteRequest) -> dict[str, object]:
+        """Route one call; NotFoundError for an unregistered node, RequestInvalid for a
+        request that contradicts the version."""
+        nodes = self.coordinator.nodes
+        if req.node not in nodes:
+            raise NotFoundError(f"node {req.node!r} is not registered; start its agent first")
+        now_s = self.coordinator.clock()
+        regions = {name: node.region for name, node in nodes.items()}
+        live = {n for n in self._live(now_s) if nodes[n].registration.get("data_port")}
+        try:
+            answer = self.catalogue.route(req, regions, live, now_s)
+        except CatalogueError as exc:
+            raise RequestInvalid("chunk_count", str(exc)) from None
+        endpoints = {}
+        for name in answer.peers:
+            node = nodes[name]
+            host = f"[{node.host}]" if ":" in node.host else node.host
+            endpoints[name] = f"{host}:{node.registration['data_port']}"
+        return {**answer.to_dict(), "endpoints": endpoints}
+
+    def describe(self) -> dict[str, object]:
+        """Every dataset version the catalogue knows."""
+        now_s = self.coordinator.clock()
+        return {"now_s": now_s, "versions": self.catalogue.describe(self._live(now_s), now_s)}
+
+
+CATALOGUE = web.AppKey("catalogue", ChunkCatalogue)
+
+
+def _json(data: object) -> web.Response:
+    return web.json_response(data, dumps=lambda d: json.dumps(d, allow_nan=False))
+
+
+async def route_chunks(request: web.Request) -> web.Response:
+    catalogue = request.app[CATALOGUE]
+    max_bytes = catalogue.coordinator.settings.max_request_bytes
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=length)
+    data = parse_json_body(await request.read())
+    req = parse_route_request(
+        data, request.match_info["dataset"], request.match_info["manifest_id"]
+    )
+    return _json(catalogue.route(req))
+
+
+async def list_datasets(request: web.Request) -> web.Response:
+    return _json(request.app[CATALOGUE].describe())
+
+
+CATALOGUE_ROUTES = (
+    ("POST", "/api/v1/datasets/{dataset}/versions/{manifest_id}/route", route_chunks),
+    ("GET", "/api/v1/datasets", list_datasets),
+)
