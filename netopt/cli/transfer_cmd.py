@@ -321,13 +321,15 @@ def sync_command(
     """
     from netopt.cli.cache_cmd import resolve_cache
 
+    token = cli_token(token_file, required=False)
+    sharing = _sharing_options(share, config_file, coordinator_url, node, token)
     client = ClientOptions(
-        token=cli_token(token_file, required=False),
+        # The cluster's token opens peers' and netopt servers' data planes alike.
+        token=token or (sharing.token if sharing is not None else None),
         congestion_control=_cc(cc),
         rate_limit_bps=rate_limit_mbps * 1e6 if rate_limit_mbps else None,
     )
     where = resolve_cache(cache_dir, capacity, config_file, region, datasets_file)
-    sharing = _sharing_options(share, config_file, coordinator_url, node, client.token)
     request = SyncRequest(
         sharing=sharing,
         source=source,

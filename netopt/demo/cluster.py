@@ -7,8 +7,12 @@ stops them. Configuration files and logs live in a work directory of the caller'
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,6 +45,7 @@ class Cluster:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def __post_init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[Any]] = {}
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.token_file = self.workdir / "token"
         self.token_file.write_text(self.token)
@@ -77,7 +82,7 @@ class Cluster:
                                                 str(self._agent_config(node))])  # fmt: skip
 
     def _agent_config(self, node: str) -> Path:
-        path = self.workdir / f"agent-{node}.yaml"
+        path = self.agent_config(node)
         host, port = self.site.address(node), self.site.port(node, AGENT_PORT)
         path.write_text(
             "kind: agent\n"
@@ -95,7 +100,28 @@ class Cluster:
 
     def _spawn(self, node: str, name: str, args: list[str]) -> None:
         with (self.workdir / f"{name}.log").open("ab") as log:
-            self.site.popen(node, self._netopt(*args), stdout=log, stderr=log)
+            self.procs[name] = self.site.popen(node, self._netopt(*args), stdout=log, stderr=log)
+
+    def agent_config(self, node: str) -> Path:
+        """The agent config file of ``node`` (``netopt sync --config`` shares through it)."""
+        return self.workdir / f"agent-{node}.yaml"
+
+    def kill_agent(self, node: str) -> None:
+        """SIGKILL the agent of ``node`` (a node dying, for fault tests)."""
+        proc = self.procs[f"agent-{node}"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def wait_for_nodes(self, timeout_s: float = 60.0) -> None:
+        """Wait until every node's agent registered and is live."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            nodes = self.api("/api/v1/nodes")["nodes"]
+            if sum(1 for n in nodes if n["state"] == "live") == len(self.site.nodes):
+                return
+            time.sleep(0.5)
+        raise LabError(f"not every agent registered within {timeout_s:g} s; logs in {self.workdir}")
 
     def _wait_for_coordinator(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
