@@ -19,21 +19,24 @@ __all__ = ["demo"]
     type=click.Path(file_okay=False),
     default="netopt-report",
     show_default=True,
-    help="Where report.json, links.yaml and nccl.env are written.",
+    help="Where report.json, links.yaml, nccl.env and the PNG plots are written.",
 )
 @click.option(
     "--dataset-mb", type=click.IntRange(1, 2048), default=32, show_default=True,
     help="Size of the generated dataset.",
 )  # fmt: skip
 @click.option(
-    "--loopback", is_flag=True, help="Run on loopback even with root (no emulated links)."
+    "--loopback",
+    is_flag=True,
+    help="Run on loopback even with root (links emulated by user-space relays).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int:
     """Measure, tune NCCL and sync a dataset on an emulated two-region cluster.
 
-    With root: a lab of hk-1, hk-2 (Hong Kong) and us-1, us-2 (US) joined by a
-    100 Mbit/s, 80 ms RTT, 0.5%-loss link. Without root: the same on loopback.
+    With root: a lab of hk-1, hk-2, hk-3 (Hong Kong) and us-1 (US) joined by a
+    100 Mbit/s, 80 ms RTT, 0.5%-loss link. Without root: the same on loopback, the
+    link emulated by user-space relays.
     """
     from netopt.demo.run import DemoOptions, run_demo
 
@@ -92,22 +95,26 @@ def _print_report(report: dict[str, Any], report_dir: Path) -> None:
     rows = [
         [f"{s['node']} <- {s['source']}", s["kind"], _mbps(s["logical_bytes"] / 1e6),
          _mbps(s["wire_bytes"] / 1e6), s["seconds"], s["throughput_mbps"],
-         _mbps(s["border_bytes"] / 1e6) if "border_bytes" in s else None]
+         (s.get("sharing") or {}).get("chunks_from_peers"),
+         (s.get("sharing") or {}).get("chunks_from_source")]
         for s in report["syncs"]
     ]  # fmt: skip
     print_table(
-        "dataset syncs",
-        ["sync", "kind", "logical MB", "wire MB", "s", "effective Mbit/s", "border MB"],
+        "dataset syncs (all hk nodes at once, shared then naive)",
+        ["sync", "kind", "logical MB", "wire MB", "s", "effective Mbit/s", "chunks from peers",
+         "chunks from us"],
         rows,
-    )
+    )  # fmt: skip
     border = report["border_bytes"]
     if border:
         console.print(
             f"cross-border bytes for {border['hk_nodes']} hk nodes: netopt "
             f"{border['netopt_bytes'] / 1e6:.1f} MB (once per region) vs naive per-node "
-            f"download {border['naive_per_node_bytes'] / 1e6:.1f} MB "
-            f"(dataset {border['dataset_bytes'] / 1e6:.1f} MB)"
+            f"downloads {border['naive_per_node_bytes'] / 1e6:.1f} MB "
+            f"(dataset {border['dataset_bytes'] / 1e6:.1f} MB; {border['counted']})"
         )
+    for plot in report.get("plots", []):
+        console.print(f"plot: {plot}")
     for note in report["notes"]:
         console.print(f"note: {note}")
     console.print(

@@ -151,19 +151,21 @@ class Catalogue:
     ) -> None:
         self.session_ttl_s = session_ttl_s
         self.retry_after_s = retry_after_s
-        self._versions: dict[str, _Version] = {}
+        self._versions: dict[tuple[str, str], _Version] = {}
+        """(dataset, manifest id) -> its state."""
 
     def _version(self, req: RouteRequest) -> _Version:
         if not 1 <= req.chunk_count <= MAX_CHUNKS:
             raise CatalogueError(f"chunk_count must be within 1..{MAX_CHUNKS}")
-        version = self._versions.get(req.manifest_id)
+        key = (req.dataset, req.manifest_id)
+        version = self._versions.get(key)
         if version is None:
             version = _Version(req.dataset, req.chunk_count)
-            self._versions[req.manifest_id] = version
-        elif version.dataset != req.dataset or version.chunk_count != req.chunk_count:
+            self._versions[key] = version
+        elif version.chunk_count != req.chunk_count:
             raise CatalogueError(
-                f"manifest {req.manifest_id} is dataset {version.dataset!r} with "
-                f"{version.chunk_count} chunks, not {req.dataset!r} with {req.chunk_count}"
+                f"{req.dataset} version {req.manifest_id[:16]} has {version.chunk_count} "
+                f"chunks, not {req.chunk_count}"
             )
         for index in (*req.want, *req.have):
             if not 0 <= index < version.chunk_count:
@@ -276,7 +278,7 @@ class Catalogue:
         """Every version: holders (chunks held, live or not) and active sessions."""
         alive = set(live)
         out: list[dict[str, object]] = []
-        for manifest_id, version in sorted(self._versions.items()):
+        for (_, manifest_id), version in sorted(self._versions.items()):
             self._expire(version, now_s)
             out.append(
                 {

@@ -1,19 +1,23 @@
 """``netopt demo``: measure, tune and move data on an emulated two-region cluster.
 
-With CAP_NET_ADMIN it builds the embedded two-region lab (hk <-> us: 100 Mbit/s,
-40 ms one-way, 0.5% loss per direction), starts a coordinator and an agent on
-every node, waits until the link matrix is full, measures bandwidth, writes the
-NCCL env file from the measured links, plans a transfer and syncs a generated
-dataset to both hk nodes: once across the border, then from the in-region peer;
-and, for comparison, the naive way (each hk node straight from us). Without the
-privilege it runs the same steps on loopback, where no link is emulated, and
-says so. Everything it measured goes to ``REPORT_DIR/report.json``.
+With CAP_NET_ADMIN it builds the embedded two-region lab (hk-1..3 <-> us-1: 100
+Mbit/s, 40 ms one-way, 0.5% loss per direction), starts a coordinator and an
+agent on every node, waits until the link matrix is full, measures bandwidth,
+writes the NCCL env file from the measured links, plans a transfer and syncs a
+generated dataset to the three hk nodes at once with region sharing (each chunk
+crosses the border once, then spreads between hk peers); and, for comparison,
+the naive way (each hk node straight from us). Without the privilege it runs
+the same on loopback, with the hk <-> us link emulated by user-space relays, and
+says so. Everything it measured goes to ``REPORT_DIR/report.json``, with PNG
+plots of the link matrix and the transfer timeline.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +33,7 @@ from netopt.config import LabTopology, parse_settings
 from netopt.coordinator.schema import Nic
 from netopt.demo.cluster import PROBE_PORT, Cluster
 from netopt.demo.dataset import write_jsonl_dataset
+from netopt.demo.plots import SyncSpan, plot_link_matrix, plot_transfer_timeline
 from netopt.demo.sites import LabSite, LoopbackSite, Site
 from netopt.errors import NetworkError
 from netopt.lab import Lab
@@ -42,8 +47,8 @@ kind: lab
 name: demo
 seed: 1
 regions:
-  hk: {nodes: [hk-1, hk-2]}
-  us: {nodes: [us-1, us-2]}
+  hk: {nodes: [hk-1, hk-2, hk-3]}
+  us: {nodes: [us-1]}
 links:
   - between: [hk, us]
     rate_mbps: 100
@@ -77,6 +82,7 @@ class DemoReport:
     plan: dict[str, Any] = field(default_factory=dict)
     syncs: list[dict[str, Any]] = field(default_factory=list)
     border_bytes: dict[str, Any] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -100,11 +106,13 @@ def _site(options: DemoOptions, say: Say) -> Iterator[tuple[Site, Lab | None]]:
         return
     reason = "asked for" if options.loopback else "no CAP_NET_ADMIN (not root)"
     say(
-        f"running on loopback ({reason}). No link is emulated here, so the figures are "
-        "loopback's, not a cross-border link's"
+        f"running on loopback ({reason}): the hk <-> us link is emulated in user space by "
+        "relays (delay and rate for TCP, also loss for UDP; TCP sees no packet loss), and "
+        "the agents' own mesh probes run on plain loopback"
     )
     regions = {region: spec.nodes for region, spec in topology.regions.items()}
-    with LoopbackSite(regions, port_offset=1000) as site:
+    links = {(link.between[0], link.between[1]): link.shape for link in topology.links}
+    with LoopbackSite(regions, port_offset=1000, links=links, seed=topology.seed) as site:
         yield site, None
 
 
@@ -132,7 +140,12 @@ def run_demo(options: DemoOptions, say: Say) -> DemoReport:
         say(f"link matrix full: {len(matrix)} planned pairs measured")
         pairs = _measure_bandwidth(site, cluster, options, report, say)
         _nccl_env(site, cluster, pairs, options, report, say)
-        _transfer(site, cluster, pairs, options, report, work, lab, say)
+        spans = _transfer(site, cluster, pairs, options, report, work, say)
+        report.plots = [
+            str(plot_link_matrix(report.matrix, options.report_dir / "link-matrix.png",
+                                 nodes=site.nodes)),
+            str(plot_transfer_timeline(spans, options.report_dir / "transfer-timeline.png")),
+        ]  # fmt: skip
         report.seconds = time.monotonic() - started
         (options.report_dir / "report.json").write_text(json.dumps(vars(report), indent=2))
         return report
@@ -156,7 +169,8 @@ def _measure_bandwidth(
     measured: dict[frozenset[str], tuple[float, float]] = {}
     for a, b in _representatives(site):
         say(f"bandwidth {a} -> {b} ({site.region_of(a)} -> {site.region_of(b)})")
-        target = f"{site.address(b)}:{site.port(b, PROBE_PORT)}"
+        host, port = site.endpoint(a, b, PROBE_PORT)
+        target = f"{host}:{port}"
         result = _json_of(site, a, _netopt(
             "probe", "measure", target, "--duration", "1", "--bandwidth",
             "--bandwidth-duration", str(options.bandwidth_duration_s),
@@ -188,7 +202,29 @@ def _measure_bandwidth(
                 max(aggregate, single),
             )
         )
-    return pairs
+    return _fill_unprobed(site, pairs, report)
+
+
+def _fill_unprobed(site: Site, pairs: list[PairFigures], report: DemoReport) -> list[PairFigures]:
+    """Give node pairs the probe plan left out (only a few representatives per region
+    pair cross the border) the figures of a measured pair of the same region pair."""
+    by_regions: dict[frozenset[str], PairFigures] = {}
+    have = set()
+    for pair in pairs:
+        by_regions.setdefault(frozenset((site.region_of(pair.a), site.region_of(pair.b))), pair)
+        have.add(frozenset((pair.a, pair.b)))
+    filled = list(pairs)
+    for i, a in enumerate(site.nodes):
+        for b in site.nodes[i + 1 :]:
+            key = frozenset((site.region_of(a), site.region_of(b)))
+            if frozenset((a, b)) in have or key not in by_regions:
+                continue
+            filled.append(dataclasses.replace(by_regions[key], a=a, b=b))
+            report.notes.append(
+                f"{a} <-> {b} was not probed (the plan probes representatives across "
+                "borders): the region pair's figures stand in for it"
+            )
+    return filled
 
 
 def _node_nics(site: Site, node: str) -> tuple[Nic, ...]:
@@ -230,9 +266,8 @@ def _transfer(
     options: DemoOptions,
     report: DemoReport,
     work: Path,
-    lab: Lab | None,
     say: Say,
-) -> None:
+) -> list[SyncSpan]:
     regions = {node: site.region_of(node) for node in site.nodes}
     origin_node = next(n for n in site.nodes if regions[n] == "us")
     far = [n for n in site.nodes if regions[n] == "hk"]
@@ -246,60 +281,88 @@ def _transfer(
         "--size-bytes", str(size), "--json",
     ))  # fmt: skip
     token = ["--token-file", str(cluster.token_file)]
+    port = site.port(origin_node, SERVE_PORT)
+    with (work / f"serve-{origin_node}.log").open("ab") as log:
+        site.popen(origin_node, _netopt(
+            "serve", str(origin), "--name", "demo-data",
+            "--bind", f"{site.address(origin_node)}:{port}", *token,
+        ), stdout=log, stderr=log)  # fmt: skip
 
-    def serve(node: str, directory: Path) -> str:
-        port = site.port(node, SERVE_PORT)
-        with (work / f"serve-{node}.log").open("ab") as log:
-            site.popen(node, _netopt(
-                "serve", str(directory), "--name", "demo-data",
-                "--bind", f"{site.address(node)}:{port}", *token,
-            ), stdout=log, stderr=log)  # fmt: skip
-        return f"netopt://{site.address(node)}:{port}/demo-data"
+    def url_for(node: str) -> str:
+        host, relay_port = site.endpoint(node, origin_node, SERVE_PORT)
+        return f"netopt://{host}:{relay_port}/demo-data"
 
-    def sync(node: str, url: str, dest: Path, cache: str = "cache") -> dict[str, Any]:
-        # Each node has its own chunk cache (they share this machine's disk).
-        cache_dir = work / node / cache
-        before = lab.counters() if lab is not None else None
-        for _ in range(50):  # the server may still be starting
-            proc = site.exec(node, _netopt(
-                "sync", url, str(dest), "--json", *token, "--cache-dir", str(cache_dir),
-                "--link-rate-mbps", f"{cross.link_mbps:.3f}",
-                "--link-loss", f"{min(cross.loss_ratio, 0.5):.6f}",
-            ), check=False, timeout_s=600)  # fmt: skip
-            if proc.returncode == 0:
-                break
-            time.sleep(0.5)
-        else:
-            detail = (proc.stderr or proc.stdout).strip()[-2000:]
-            raise NetworkError(f"sync on {node} from {url} failed: {detail}")
-        summary: dict[str, Any] = json.loads(proc.stdout)
-        if lab is not None and before is not None:
-            after = lab.counters()
-            summary["border_bytes"] = (
-                after.between("us", "hk").bytes - before.between("us", "hk").bytes
-            )
-        return summary
+    _wait_for_server(site, far[0], url_for(far[0]))
+    link = ["--link-rate-mbps", f"{cross.link_mbps:.3f}",
+            "--link-loss", f"{min(cross.loss_ratio, 0.5):.6f}"]  # fmt: skip
+    t0 = time.monotonic()
+    spans: list[SyncSpan] = []
 
-    origin_url = serve(origin_node, origin)
-    say(f"{far[0]} syncs from {origin_node} across the border")
-    first = sync(far[0], origin_url, work / far[0] / "demo-data")
-    report.syncs.append({"node": far[0], "source": origin_node, "kind": "origin", **first})
-    peer_url = serve(far[0], work / far[0] / "demo-data")
-    for node in far[1:]:
-        say(f"{node} syncs from its in-region peer {far[0]}")
-        summary = sync(node, peer_url, work / node / "demo-data")
-        report.syncs.append({"node": node, "source": far[0], "kind": "peer", **summary})
-        say(f"{node} syncs straight from {origin_node} (the naive way, for comparison)")
-        # The naive download starts from an empty cache, as a node without netopt would.
-        summary = sync(node, origin_url, work / node / "naive", cache="naive-cache")
-        report.syncs.append({"node": node, "source": origin_node, "kind": "naive", **summary})
-    if lab is not None:
-        by_kind: dict[str, int] = {}
-        for s in report.syncs:
-            by_kind[s["kind"]] = by_kind.get(s["kind"], 0) + s["border_bytes"]
-        report.border_bytes = {
-            "dataset_bytes": size,
-            "netopt_bytes": by_kind["origin"] + by_kind.get("peer", 0),
-            "naive_per_node_bytes": by_kind["origin"] + by_kind.get("naive", 0),
-            "hk_nodes": len(far),
-        }
+    def run_all(kind: str, extra: dict[str, list[str]], dest: str) -> int:
+        before = site.border_bytes("us", "hk")
+        argvs = {node: _netopt("sync", url_for(node), str(work / node / dest), "--json",
+                               *token, *link, *extra[node]) for node in far}  # fmt: skip
+        for node, summary in _run_at_once(site, argvs).items():
+            ended_s = summary.pop("ended_s") - t0
+            started_s = summary.pop("started_s") - t0
+            report.syncs.append({"node": node, "source": origin_node, "kind": kind, **summary})
+            spans.append(SyncSpan(node, kind, started_s, ended_s, summary["logical_bytes"],
+                                  summary["wire_bytes"], None))  # fmt: skip
+        return site.border_bytes("us", "hk") - before
+
+    say(f"{', '.join(far)} sync it at once, sharing chunks through the coordinator: each "
+        "chunk crosses the border once, then spreads between the hk peers")  # fmt: skip
+    shared_bytes = run_all(
+        "shared", {n: ["--config", str(cluster.agent_config(n))] for n in far}, "demo-data"
+    )
+    say(f"the naive way, for comparison: {', '.join(far)} each download it from "
+        f"{origin_node} (no sharing, empty caches)")  # fmt: skip
+    naive_bytes = run_all(
+        "naive", {n: ["--no-share", "--cache-dir", str(work / n / "naive-cache")] for n in far},
+        "naive",
+    )  # fmt: skip
+    report.border_bytes = {
+        "dataset_bytes": size,
+        "netopt_bytes": shared_bytes,
+        "naive_per_node_bytes": naive_bytes,
+        "hk_nodes": len(far),
+        "counted": "IP packets on the lab link, both directions" if isinstance(site, LabSite)
+                   else "payload bytes through the user-space relays, both directions",
+    }  # fmt: skip
+    return spans
+
+
+def _wait_for_server(site: Site, node: str, url: str, timeout_s: float = 60.0) -> None:
+    """Wait until ``netopt serve`` answers /v1/health (it chunks the dataset first)."""
+    health = url.replace("netopt://", "http://").rsplit("/", 1)[0] + "/v1/health"
+    script = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if site.exec(node, [sys.executable, "-c", script, health], check=False).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise NetworkError(f"netopt serve did not answer {health} within {timeout_s:g} s")
+
+
+def _run_at_once(site: Site, argvs: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Start every node's command at once; their JSON outputs with start and end times."""
+    started: dict[str, tuple[float, subprocess.Popen[str]]] = {}
+    for node, argv in argvs.items():
+        proc = site.popen(node, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started[node] = (time.monotonic(), proc)
+    out: dict[str, dict[str, Any]] = {}
+    pending = dict(started)
+    deadline = time.monotonic() + 900
+    while pending:
+        for node, (start_s, proc) in list(pending.items()):
+            if proc.poll() is None:
+                continue
+            del pending[node]
+            stdout, stderr = proc.communicate()
+            if proc.returncode != 0:
+                raise NetworkError(f"sync on {node} failed: {(stderr or stdout).strip()[-2000:]}")
+            out[node] = {**json.loads(stdout), "started_s": start_s, "ended_s": time.monotonic()}
+        if time.monotonic() > deadline:
+            raise NetworkError(f"syncs on {', '.join(pending)} ran over 900 s")
+        time.sleep(0.05)
+    return out

@@ -83,7 +83,7 @@ def test_bad_indexes_and_counts_are_refused() -> None:
         cat.route(req("hk-1", want=(10,)), REGIONS, LIVE, 0.0)
     cat.route(req("hk-1", want=(1,)), REGIONS, LIVE, 0.0)
     other = RouteRequest("hk-2", "ds", MID, 11, want=(0,))
-    with pytest.raises(CatalogueError, match="10 chunks"):
+    with pytest.raises(CatalogueError, match="has 10 chunks, not 11"):
         cat.route(other, REGIONS, LIVE, 0.0)
 
 
