@@ -93,6 +93,7 @@ def _scenario(
                  else ["--no-share", "--cache-dir", str(out / node / "naive-cache")])  # fmt: skip
         procs[node] = lab.popen(node, _netopt(
             "sync", url, str(out / node / "data"), "--json", "--level", str(LEVEL),
+            "--token-file", str(cluster.token_file),
             "--link-rate-mbps", "100", "--link-loss", "0.002", *extra,
         ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     seconds: dict[str, float] = {}
@@ -139,15 +140,18 @@ def main() -> int:
         ):
             name = f"bench-{scenario}"
             root = work / "origin" / name
-            # The same content for each scenario (same seed); a new name, so nothing
-            # is cached or catalogued from the one before.
-            size = write_jsonl_dataset(root, args.size_mb * 1024 * 1024, files=8, seed=5)
+            # New content and a new name for each scenario: chunks are named by their
+            # content, so the same data would be found in the caches of the one before.
+            size = write_jsonl_dataset(root, args.size_mb * 1024 * 1024, files=8, seed=5 + index)
             url = _serve(lab, cluster, root, name, 7480 + index)
             print(f"{scenario}: {', '.join(nodes)} sync {size / 1e6:.0f} MB ...", flush=True)
             result = _scenario(lab, cluster, nodes, url, work / scenario, share, args.timeout_s)
             result["compressed_bytes"] = _compressed_bytes(root, name)
             result["dataset_bytes"] = size
             results[scenario] = result
+            print(f"  slowest {result['seconds_max']:.2f} s, border "
+                  f"{result['border_bytes'] / 1e6:.1f} MB, compressed "
+                  f"{result['compressed_bytes'] / 1e6:.1f} MB", flush=True)  # fmt: skip
     alone, shared, naive = results["alone"], results["shared"], results["naive"]
     print()
     print(f"{'scenario':<8} {'nodes':>5} {'slowest s':>10} {'border MB':>10} "

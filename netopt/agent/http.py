@@ -3,16 +3,14 @@ cache served to peers (the data plane's ``/v1/datasets/...`` routes, token requi
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from netopt.agent.doctor_api import doctor_routes
-from netopt.cache.peerserve import CachedDatasets
+from netopt.cache.peerserve import CachedDatasets, agent_cpu_profile
 from netopt.dataplane.server import ServeSettings, add_dataplane, auth_middleware
-from netopt.transfer.planner import CpuProfile
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -54,9 +52,9 @@ def create_app(agent: Agent) -> web.Application:
     app.add_routes(doctor_routes(agent))
     cache = agent.settings.cache
     cc = None if cache.congestion_control == "default" else cache.congestion_control
-    # Peers fetch in-region chunks uncompressed: no codec profile is needed (nor the
-    # seconds a calibration takes at start-up); the info route says so with empty maps.
-    cpu = CpuProfile(cores=os.cpu_count() or 1, compress_bytes_per_s={}, decompress_bytes_per_s={})
+    # In-region peers fetch uncompressed; a node across the border (this agent as the
+    # gateway near an origin) plans compression from the sample and these speeds.
+    cpu = agent_cpu_profile()
     add_dataplane(
         app,
         ServeSettings(token=agent.token, congestion_control=cc, worker_threads=2),

@@ -13,6 +13,7 @@ chunks by content name, so any version's chunk is the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -25,9 +26,13 @@ import blake3
 from netopt.config.common import DATASET_NAME_RE
 from netopt.errors import IntegrityError, StorageError
 from netopt.transfer.manifest import CHUNK_ID_RE, Manifest, manifest_from_dict
-from netopt.transfer.planner import SampleProfile
+from netopt.transfer.planner import CpuProfile, SampleProfile
+from netopt.transfer.profile import cpu_profile_from_dict, default_codec_cache_path, sample_bytes
 
-__all__ = ["CachedDataset", "CachedDatasets"]
+__all__ = ["CachedDataset", "CachedDatasets", "agent_cpu_profile"]
+
+SAMPLE_CHUNKS = 4
+SAMPLE_PIECE_BYTES = 256 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +92,21 @@ class CachedDatasets(Mapping[str, CachedDataset]):
                 newest = (mtime_ns, manifest)
         if newest is None:
             return None
-        return CachedDataset(self.root, newest[1], index)
+        return CachedDataset(self.root, newest[1], index, self._sample(newest[1], index))
+
+    def _sample(self, manifest: Manifest, index: Mapping[str, int]) -> SampleProfile:
+        """How the dataset compresses, from up to SAMPLE_CHUNKS of its cached chunks (a
+        node fetching across the border from this agent plans its zstd level with it)."""
+        pieces = []
+        for chunk_id in list(manifest.unique_chunks())[:: max(1, len(index) // SAMPLE_CHUNKS)]:
+            path = self.root / "chunks" / chunk_id[:2] / chunk_id
+            try:
+                pieces.append(path.read_bytes()[:SAMPLE_PIECE_BYTES])
+            except OSError:
+                continue
+            if len(pieces) == SAMPLE_CHUNKS:
+                break
+        return sample_bytes(pieces) if pieces else SampleProfile({}, 0)
 
     def __getitem__(self, name: str) -> CachedDataset:
         if not DATASET_NAME_RE.fullmatch(name) or ".." in name:
@@ -113,3 +132,14 @@ class CachedDatasets(Mapping[str, CachedDataset]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def agent_cpu_profile() -> CpuProfile:
+    """This node's codec speeds if a netopt command calibrated them already (the agent
+    does not spend seconds calibrating at start); empty maps otherwise, which makes a
+    fetching node plan no compression."""
+    try:
+        profile = cpu_profile_from_dict(json.loads(default_codec_cache_path().read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return CpuProfile(os.cpu_count() or 1, {}, {})
+    return dataclasses.replace(profile, cores=os.cpu_count() or 1)
