@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 MAX_INDEXES = 65536
 """Chunk indexes per list in one call (the coordinator's limit)."""
+STEAL_AFTER_S = 30.0
+"""A chunk in flight for another node this long is fetched from SOURCE (the lessee is stuck)."""
 FLUSH_INTERVAL_S = 0.5
 """How often stored chunks are reported (and the session renewed) between routing calls."""
 
@@ -68,6 +70,7 @@ class SharingStats:
     chunks_from_source: int = 0
     wire_bytes_from_source: int = 0
     waits: int = 0
+    steals: int = 0
     route_calls: int = 0
     peers_excluded: list[str] = field(default_factory=list)
     start_fraction: float = 0.0
@@ -112,7 +115,9 @@ class RegionSharing:
             self.excluded.add(node)
             self.stats.peers_excluded.append(node)
 
-    async def _call(self, want: Sequence[str], done: bool = False) -> dict[str, Any]:
+    async def _call(
+        self, want: Sequence[str], done: bool = False, steal: Sequence[str] = ()
+    ) -> dict[str, Any]:
         have, self._stored = self._stored[:MAX_INDEXES], self._stored[MAX_INDEXES:]
         body = {
             "node": self.options.node,
@@ -120,6 +125,7 @@ class RegionSharing:
             "want": [self.index_of[c] for c in want],
             "have": have,
             "exclude": sorted(self.excluded),
+            "steal": [self.index_of[c] for c in steal],
             "done": done,
         }
         self.stats.route_calls += 1
@@ -136,9 +142,10 @@ class RegionSharing:
         self.stats.start_fraction = float(answer.get("start_fraction", 0.0))
         return self.stats.start_fraction
 
-    async def route(self, want: Sequence[str]) -> _Route:
-        """Sources for ``want`` (and report what was stored since the last call)."""
-        answer = await self._call(want)
+    async def route(self, want: Sequence[str], steal: Sequence[str] = ()) -> _Route:
+        """Sources for ``want`` (and report what was stored since the last call);
+        ``steal``: chunks of ``want`` waited for too long, to fetch from SOURCE now."""
+        answer = await self._call(want, steal=steal)
         ids = self.ids
 
         def names(indexes: list[int]) -> list[str]:
@@ -266,6 +273,8 @@ class _Batch:
     async def run(self) -> AsyncIterator[RawChunk]:
         sharing = self.owner.sharing
         pos = 0
+        waiting: dict[str, float] = {}
+        """chunk -> when it was first answered ``wait``."""
         last_route_s = float("-inf")
         retry_after_s = 0.25
         while True:
@@ -278,10 +287,15 @@ class _Batch:
                 raise self.failure
             unrouted = [c for c in self.order[pos:] if c not in self.got and c not in self.routed]
             if unrouted and time.monotonic() - last_route_s >= retry_after_s:
-                route = await sharing.route(unrouted)
+                now_s = time.monotonic()
+                steal = [c for c in unrouted if now_s - waiting.get(c, now_s) > STEAL_AFTER_S]
+                route = await sharing.route(unrouted, steal)
                 last_route_s = time.monotonic()
                 retry_after_s = route.retry_after_s
                 sharing.stats.waits += len(route.wait)
+                sharing.stats.steals += len(steal)
+                for cid in route.wait:
+                    waiting.setdefault(cid, last_route_s)
                 for node, cids in route.peers.items():
                     self.routed.update(cids)
                     self._start(self._from_peer(node, route.endpoints.get(node, ""), cids))

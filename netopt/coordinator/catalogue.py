@@ -16,7 +16,8 @@ one answer:
 - ``origin``: no live node of the region holds it and none is fetching it: the
   asker now holds the *lease* for it and fetches it across the border;
 - ``wait``: another node of the region holds a live lease (the chunk is in flight
-  across the border): ask again shortly, a peer will hold it.
+  across the border): ask again shortly, a peer will hold it. A caller that waited
+  too long for a chunk may *steal* its lease (the lessee is stuck, not dead).
 
 Leases belong to a sync *session* (node, dataset version). A session is renewed
 by every call and ends with ``done`` or when it goes ``session_ttl_s`` without a
@@ -96,6 +97,9 @@ class RouteRequest:
     want: tuple[int, ...] = ()
     have: tuple[int, ...] = ()
     exclude: tuple[str, ...] = ()
+    steal: tuple[int, ...] = ()
+    """Wanted chunks the caller waited too long for: lease them to it even if another
+    live session holds their lease (that node is stuck, not dead)."""
     done: bool = False
 
 
@@ -167,7 +171,7 @@ class Catalogue:
                 f"{req.dataset} version {req.manifest_id[:16]} has {version.chunk_count} "
                 f"chunks, not {req.chunk_count}"
             )
-        for index in (*req.want, *req.have):
+        for index in (*req.want, *req.have, *req.steal):
             if not 0 <= index < version.chunk_count:
                 raise CatalogueError(f"chunk index {index} is outside 0..{version.chunk_count - 1}")
         return version
@@ -240,6 +244,7 @@ class Catalogue:
         session: _Session,
     ) -> RouteAnswer:
         excluded = set(req.exclude)
+        stolen = set(req.steal)
         sources = [
             (node, bits)
             for node, bits in sorted(version.holders.items())
@@ -260,9 +265,16 @@ class Catalogue:
                 peers.setdefault(node, []).append(index)
                 continue
             lessee = version.leases.get(index)
-            if lessee is not None and lessee != req.node and lessee not in excluded:
+            if (
+                lessee is not None
+                and lessee != req.node
+                and lessee not in excluded
+                and index not in stolen
+            ):
                 wait.append(index)
                 continue
+            if lessee is not None and lessee != req.node and lessee in version.sessions:
+                version.sessions[lessee].leases.discard(index)
             version.leases[index] = req.node
             session.leases.add(index)
             origin.append(index)

@@ -2,7 +2,7 @@
 
     POST /api/v1/datasets/{dataset}/versions/{manifest_id}/route
         body {"node", "chunk_count", "want": [i...], "have": [i...], "exclude": [node...],
-              "done": bool}
+              "steal": [i...], "done": bool}
         200 {"peers": {node: [i...]}, "origin": [i...], "wait": [i...],
              "endpoints": {node: "HOST:PORT"}, "retry_after_s", ["start_fraction"]}
     GET  /api/v1/datasets                       every version, its holders and sessions
@@ -46,7 +46,10 @@ def parse_route_request(data: object, dataset: str, manifest_id: str) -> RouteRe
         raise RequestInvalid("dataset", f"{dataset[:64]!r} is not a dataset name")
     if not CHUNK_ID_RE.fullmatch(manifest_id):
         raise RequestInvalid("manifest_id", "expected 64 lowercase hex digits")
-    r = Reader(data, keys=frozenset(("node", "chunk_count", "want", "have", "exclude", "done")))
+    r = Reader(
+        data,
+        keys=frozenset(("node", "chunk_count", "want", "have", "exclude", "steal", "done")),
+    )
     node = r.string("node", max_len=63, pattern=NAME_RE)
     chunk_count = r.integer("chunk_count", ge=1, le=1 << 24)
     exclude = []
@@ -62,6 +65,7 @@ def parse_route_request(data: object, dataset: str, manifest_id: str) -> RouteRe
         want=_indexes(r, "want", chunk_count),
         have=_indexes(r, "have", chunk_count),
         exclude=tuple(exclude),
+        steal=_indexes(r, "steal", chunk_count),
         done=r.boolean("done", default=False),
     )
 

@@ -148,6 +148,8 @@ def _schemas() -> dict[str, Any]:
             have={**indexes, "description": "chunks stored since the last call"},
             exclude={"type": "array", "maxItems": 256, "items": NAME,
                      "description": "peers this node failed to reach"},
+            steal={**indexes, "description": "wanted chunks the caller waited too long "
+                   "for: lease them to it (their lessee is stuck)"},
             done={"type": "boolean", "description": "the sync ended: free its leases"}),
         "RouteAnswer": {"type": "object", "properties": {
             "peers": {"type": "object", "additionalProperties": indexes,

@@ -132,3 +132,15 @@ def test_within_a_region_each_chunk_is_leased_once_until_held(
             leased[i] = node
         for nodes_idx in answer.peers.values():
             assert set(nodes_idx) <= held
+
+
+def test_a_stuck_lessees_chunk_can_be_stolen() -> None:
+    cat = Catalogue()
+    cat.route(req("hk-1", want=(0, 1)), REGIONS, LIVE, 0.0)
+    cat.route(req("hk-1"), REGIONS, LIVE, 35.0)  # alive (it renews), but not delivering
+    answer = cat.route(req("hk-2", want=(0, 1), steal=(0,)), REGIONS, LIVE, 40.0)
+    assert answer.origin == [0]
+    assert answer.wait == [1]
+    # hk-1 still reports it (it was slow, not dead): it becomes a holder, nothing breaks.
+    cat.route(req("hk-1", have=(0,)), REGIONS, LIVE, 41.0)
+    assert cat.route(req("hk-3", want=(0,)), REGIONS, LIVE, 42.0).peers == {"hk-1": [0]}
