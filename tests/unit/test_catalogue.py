@@ -137,7 +137,8 @@ def test_within_a_region_each_chunk_is_leased_once_until_held(
 def test_a_stuck_lessees_chunk_can_be_stolen() -> None:
     cat = Catalogue()
     cat.route(req("hk-1", want=(0, 1)), REGIONS, LIVE, 0.0)
-    cat.route(req("hk-1"), REGIONS, LIVE, 35.0)  # alive (it renews), but not delivering
+    for t in (9.0, 18.0, 27.0, 36.0):
+        cat.route(req("hk-1"), REGIONS, LIVE, t)  # alive (it renews), but not delivering
     answer = cat.route(req("hk-2", want=(0, 1), steal=(0,)), REGIONS, LIVE, 40.0)
     assert answer.origin == [0]
     assert answer.wait == [1]
