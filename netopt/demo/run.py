@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ import yaml
 from netopt.agent.host import parse_ip_addr_json
 from netopt.config import LabTopology, parse_settings
 from netopt.coordinator.schema import Nic
-from netopt.demo.cluster import PROBE_PORT, Cluster
+from netopt.demo.cluster import AGENT_PORT, COORDINATOR_PORT, PROBE_PORT, Cluster
 from netopt.demo.dataset import write_jsonl_dataset
 from netopt.demo.plots import SyncSpan, plot_link_matrix, plot_transfer_timeline
 from netopt.demo.sites import LabSite, LoopbackSite, Site
@@ -112,8 +113,31 @@ def _site(options: DemoOptions, say: Say) -> Iterator[tuple[Site, Lab | None]]:
     )
     regions = {region: spec.nodes for region, spec in topology.regions.items()}
     links = {(link.between[0], link.between[1]): link.shape for link in topology.links}
-    with LoopbackSite(regions, port_offset=1000, links=links, seed=topology.seed) as site:
+    offset = _free_port_offset(sum(len(nodes) for nodes in regions.values()))
+    with LoopbackSite(regions, port_offset=offset, links=links, seed=topology.seed) as site:
         yield site, None
+
+
+def _free_port_offset(node_count: int) -> int:
+    """A port offset whose ports (coordinator, agents, probes, serve; per node) are all
+    free on 127.0.0.1, so a second demo (or a test) on this machine does not collide."""
+    bases = (COORDINATOR_PORT, AGENT_PORT, PROBE_PORT, SERVE_PORT)
+    for offset in range(1000, 20000, 1000):
+        stride = LoopbackSite.PORT_STRIDE
+        ports = [b + offset + stride * i for b in bases for i in range(node_count)]
+        if all(_port_free(port) for port in ports):
+            return offset
+    raise NetworkError("no free block of loopback ports for the demo (7460 + 1000..19000)")
+
+
+def _port_free(port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
 
 
 def run_demo(options: DemoOptions, say: Say) -> DemoReport:
@@ -142,7 +166,7 @@ def run_demo(options: DemoOptions, say: Say) -> DemoReport:
         _nccl_env(site, cluster, pairs, options, report, say)
         spans = _transfer(site, cluster, pairs, options, report, work, say)
         report.plots = [
-            str(plot_link_matrix(report.matrix, options.report_dir / "link-matrix.png",
+            str(plot_link_matrix(_pair_rows(pairs), options.report_dir / "link-matrix.png",
                                  nodes=site.nodes)),
             str(plot_transfer_timeline(spans, options.report_dir / "transfer-timeline.png")),
         ]  # fmt: skip
@@ -167,6 +191,7 @@ def _measure_bandwidth(
 ) -> list[PairFigures]:
     links = cluster.links()
     measured: dict[frozenset[str], tuple[float, float]] = {}
+    probed: dict[frozenset[str], tuple[float | None, float]] = {}
     for a, b in _representatives(site):
         say(f"bandwidth {a} -> {b} ({site.region_of(a)} -> {site.region_of(b)})")
         host, port = site.endpoint(a, b, PROBE_PORT)
@@ -181,28 +206,48 @@ def _measure_bandwidth(
             bw["single_stream_bps"] / 1e6,
             bw["aggregate_bps"] / 1e6,
         )
+        rtt = result.get("rtt_ms") or {}
+        probed[frozenset((site.region_of(a), site.region_of(b)))] = (
+            rtt.get("p50"),
+            result.get("loss_ratio") or 0.0,
+        )
         report.bandwidth[f"{a}->{b}"] = {
             "single_stream_mbps": bw["single_stream_bps"] / 1e6,
             "aggregate_mbps": bw["aggregate_bps"] / 1e6,
             "streams": bw["streams"],
+            "rtt_p50_ms": rtt.get("p50"),
+            "loss_ratio": result.get("loss_ratio"),
         }
+    # On loopback the agents' mesh probes do not cross the user-space link; the figures
+    # of this run's probes, which do, stand in for the cross-region pairs.
+    relayed = not isinstance(site, LabSite)
     pairs = []
     for (src, dst), figures in sorted(links.items()):
         latest = figures["latest"] or {}
         if latest.get("rtt_p50_ms") is None:
             continue
-        single, aggregate = measured[frozenset((site.region_of(src), site.region_of(dst)))]
-        pairs.append(
-            PairFigures(
-                src,
-                dst,
-                latest["rtt_p50_ms"],
-                figures["window"]["loss_ratio"] or 0.0,
-                single,
-                max(aggregate, single),
-            )
+        key = frozenset((site.region_of(src), site.region_of(dst)))
+        single, aggregate = measured[key]
+        rtt_ms, loss_ratio = latest["rtt_p50_ms"], figures["window"]["loss_ratio"] or 0.0
+        if relayed and len(key) == 2 and probed[key][0] is not None:
+            rtt_ms, loss_ratio = probed[key]
+        pairs.append(PairFigures(src, dst, rtt_ms, loss_ratio, single, max(aggregate, single)))
+    if relayed:
+        report.notes.append(
+            "loopback: cross-region RTT and loss come from the demo's probes through the "
+            "user-space link, not from the agents' mesh (which runs on plain loopback)"
         )
     return _fill_unprobed(site, pairs, report)
+
+
+def _pair_rows(pairs: list[PairFigures]) -> list[dict[str, Any]]:
+    """The figures the NCCL tuner used, both directions, as rows for the heatmap."""
+    rows = []
+    for p in pairs:
+        for src, dst in ((p.a, p.b), (p.b, p.a)):
+            rows.append({"src": src, "dst": dst, "rtt_p50_ms": p.rtt_ms,
+                         "loss_ratio": p.loss_ratio})  # fmt: skip
+    return rows
 
 
 def _fill_unprobed(site: Site, pairs: list[PairFigures], report: DemoReport) -> list[PairFigures]:

@@ -26,6 +26,7 @@ def test_loopback_demo_emulates_the_border_and_shares(tmp_path: Path) -> None:
     assert cross
     for pair in cross:
         assert report["bandwidth"][pair]["aggregate_mbps"] < 150
+        assert report["bandwidth"][pair]["rtt_p50_ms"] >= 80.0  # 40 ms each way, emulated
     border = report["border_bytes"]
     shared = [s for s in report["syncs"] if s["kind"] == "shared"]
     assert len(shared) == 3
