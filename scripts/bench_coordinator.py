@@ -9,7 +9,14 @@ phase), each agent over its own keep-alive connection, for ``--duration-s``.
 Reports ingest latency (client side, request sent to answer read) p50/p90/p99/
 max, the achieved rate, errors, the coordinator's CPU (utime+stime from
 /proc/PID/stat over the measured period, all its threads, as % of one core) and
-its RSS; then checks every acknowledged summary is in the link matrix.
+its RSS; then checks every acknowledged summary is in the link matrix, and times
+one ``GET /api/v1/links`` over the whole run.
+
+The load generator shares the machine: its own CPU (% of one core) and the
+machine's CPU pressure (``/proc/pressure/cpu`` "some", % of the measured time
+that runnable tasks waited for a CPU) are reported too. With a high pressure the
+latencies say more about the machine than about the coordinator: compare runs
+only at similar pressure.
 Goal (issue 5): p99 under 50 ms on one core at 1,000 agents / 5 s.
 
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
@@ -59,6 +66,15 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu_pressure_us() -> float | None:
+    """Total microseconds some runnable task waited for a CPU (PSI), if the kernel has PSI."""
+    try:
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+    return float(some.rsplit("total=", 1)[1])
 
 
 def _node(i: int) -> tuple[str, str]:
@@ -173,18 +189,28 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.agents)
         ]
         cpu0, wall0 = _cpu_s(pid), time.monotonic()
+        client0, pressure0 = time.process_time(), _cpu_pressure_us()
         await asyncio.gather(*tasks)
         cpu1, wall1 = _cpu_s(pid), time.monotonic()
+        client1, pressure1 = time.process_time(), _cpu_pressure_us()
     finally:
         await asyncio.gather(*(s.close() for s in sessions))
     out["cpu_pct_of_one_core"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
+    out["client_cpu_pct_of_one_core"] = 100 * (client1 - client0) / (wall1 - wall0)
+    out["machine_cpu_pressure_pct"] = (
+        None
+        if pressure0 is None or pressure1 is None
+        else (pressure1 - pressure0) / 1e6 / (wall1 - wall0) * 100
+    )
     out["measured_s"] = wall1 - wall0
     out["rss_mb"] = _rss_mb(pid)
     warmup_s = 60.0
     async with aiohttp.ClientSession(headers=AUTH) as session:
         window = int(args.duration_s + warmup_s + 60)
+        asked = time.perf_counter()
         async with session.get(f"{url}/api/v1/links?window_s={window}") as response:
             links = (await response.json())["links"]
+        out["links_query_ms"] = (time.perf_counter() - asked) * 1000
         async with session.get(f"{url}/metrics") as response:
             metrics = await response.text()
     out["matrix_summaries"] = sum(link["summary_count"] for link in links)
@@ -268,10 +294,12 @@ def main() -> int:
     print_table(
         "coordinator ingest",
         ["agents", "batch/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "server mean ms",
-         "server p99 <= ms", "errors", "CPU %", "RSS MB", "stored ok", "goal"],
+         "server p99 <= ms", "errors", "CPU %", "client CPU %", "CPU pressure %", "RSS MB",
+         "links ms", "stored ok", "goal"],
         [[args.agents, report["batches_per_s"], lm["p50"], lm["p90"], lm["p99"], lm["max"],
           result["server"]["handler_mean_ms"], result["server"]["handler_p99_le_ms"],
-          result["errors"], result["cpu_pct_of_one_core"], result["rss_mb"],
+          result["errors"], result["cpu_pct_of_one_core"], result["client_cpu_pct_of_one_core"],
+          result["machine_cpu_pressure_pct"], result["rss_mb"], result["links_query_ms"],
           report["all_stored"], report["goal_met"]]],
     )  # fmt: skip
     if args.out:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -53,6 +54,14 @@ async def serve(
         await runner.cleanup()
 
 
+def _freeze_startup_heap(host: str, port: int) -> None:
+    """Move what start-up left (modules, settings, the loaded registry) out of the collector's
+    reach: a full collection then walks only objects made since, so its pause is shorter.
+    Collected first, so no garbage is frozen."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_coordinator(settings: CoordinatorSettings) -> int:
     """Blocking entry point: serve until SIGTERM/SIGINT; returns the exit code (0)."""
 
@@ -61,7 +70,7 @@ def run_coordinator(settings: CoordinatorSettings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop)
+        await serve(settings, stop, on_ready=_freeze_startup_heap)
 
     asyncio.run(main())
     return 0

@@ -19,7 +19,6 @@ from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
 from netopt.config.common import DATASET_NAME_RE, NAME_RE
 from netopt.coordinator.database import Database
 from netopt.coordinator.fields import Reader
-from netopt.coordinator.matrix import link_figures, region_figures
 from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
 from netopt.coordinator.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
@@ -321,20 +320,19 @@ class Coordinator:
     async def links(self, window_s: float) -> dict[str, Any]:
         """The node-pair matrix over the last ``window_s`` seconds."""
         now = self.clock()
-        rows = await self.db.call(self.db.store.link_rows, now - window_s)
-        return {"window_s": window_s, "now_s": now, "links": link_figures(rows, self._regions())}
+        links, _ = await self.db.matrix(now - window_s, self._regions())
+        return {"window_s": window_s, "now_s": now, "links": links}
 
     async def region_matrix(self, window_s: float) -> dict[str, Any]:
         """Region-pair aggregates over the last ``window_s`` seconds."""
         now = self.clock()
-        rows = await self.db.call(self.db.store.link_rows, now - window_s)
         regions = self._regions()
-        links = link_figures(rows, regions)
+        _, pairs = await self.db.matrix(now - window_s, regions, with_regions=True)
         return {
             "window_s": window_s,
             "now_s": now,
             "regions": sorted(set(regions.values())),
-            "pairs": region_figures(links, rows, regions),
+            "pairs": pairs,
         }
 
     async def history(self, src: str, dst: str, window_s: float, limit: int) -> dict[str, Any]:

@@ -35,6 +35,15 @@ __all__ = ["SCHEMA_VERSION", "BatchToStore", "IngestResult", "Store", "StoredNod
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# One compact encoder, built once (json.dumps with arguments builds one per call).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_INSERT_SUMMARY = (
+    "INSERT INTO summaries (node, batch_id, src, dst, taken_at_s, method,"
+    " rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms, loss_ratio, probes_sent,"
+    " probes_received, single_stream_bps, aggregate_bps, data_json)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
 MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE nodes (
@@ -235,11 +244,14 @@ class Store:
         """
         db = self._db
         results: list[IngestResult] = []
+        rows: list[tuple[Any, ...]] = []
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
                 for batch in batches:
-                    results.append(self._insert_batch(batch))
+                    results.append(self._insert_batch(batch, rows))
+                # One statement for the summaries of the whole group.
+                db.executemany(_INSERT_SUMMARY, rows)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -249,7 +261,8 @@ class Store:
             raise StorageError(f"storing {len(batches)} batch(es) failed: {exc}") from exc
         return results
 
-    def _insert_batch(self, batch: BatchToStore) -> IngestResult:
+    def _insert_batch(self, batch: BatchToStore, rows: list[tuple[Any, ...]]) -> IngestResult:
+        """Record the batch; its kept summaries' rows are appended to ``rows``."""
         kept = [s for s in batch.summaries if s.taken_at_s >= batch.oldest_kept_s]
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO batches VALUES (?, ?, ?, ?)",
@@ -257,13 +270,7 @@ class Store:
         )
         if cursor.rowcount == 0:
             return IngestResult(batch.batch_id, True, 0, 0)
-        self._db.executemany(
-            "INSERT INTO summaries (node, batch_id, src, dst, taken_at_s, method,"
-            " rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms, loss_ratio, probes_sent,"
-            " probes_received, single_stream_bps, aggregate_bps, data_json)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [_summary_row(batch.node, batch.batch_id, s) for s in kept],
-        )
+        rows.extend(_summary_row(batch.node, batch.batch_id, s) for s in kept)
         return IngestResult(batch.batch_id, False, len(kept), len(batch.summaries) - len(kept))
 
     def link_rows(self, since_s: float) -> list[LinkRow]:
@@ -322,5 +329,5 @@ def _summary_row(node: str, batch_id: str, s: LinkSummary) -> tuple[Any, ...]:
         s.probes_received,
         s.single_stream_bps,
         s.aggregate_bps,
-        json.dumps(s.to_dict(), separators=(",", ":")),
+        _ENCODE(s.to_dict()),
     )
