@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 __all__ = ["CONTENT_TYPE", "CoordinatorMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5)
 
 
 class _NodeStates(Collector):
