@@ -120,14 +120,23 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 
 def run_client(
-    lab: Lab, argv: list[str], timeout_s: float, server_pid: int | None
-) -> tuple[float, int, float, bool, str]:
-    """Run ``argv`` on hk-1: seconds, wire bytes, CPU seconds, timed out, stdout."""
+    lab: Lab,
+    argv: list[str],
+    timeout_s: float,
+    server_pid: int | None,
+    env: dict[str, str] | None = None,
+) -> tuple[float, int, float, bool, str, float]:
+    """Run ``argv`` on hk-1: seconds, wire bytes, CPU seconds, timed out, stdout, start.
+
+    ``start`` is ``time.monotonic()`` at launch (the clock a trace's marks use).
+    """
     before_wire = wire_bytes(lab)
     before_srv = proc_cpu_s(server_pid) if server_pid else 0.0
     before_children = os.times()
     start = time.monotonic()
-    proc = lab.popen("hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = lab.popen(
+        "hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -145,7 +154,7 @@ def run_client(
         cpu += proc_cpu_s(server_pid) - before_srv
     if proc.returncode not in (0, None) and not timed_out:
         print(f"  ! {argv[0]} exited {proc.returncode}: {err.strip()[-300:]}", file=sys.stderr)
-    return seconds, wire_bytes(lab) - before_wire, cpu, timed_out, out
+    return seconds, wire_bytes(lab) - before_wire, cpu, timed_out, out, start
 
 
 def wait_port(lab: Lab, node: str, port: int, timeout_s: float = 60) -> None:
@@ -162,7 +171,6 @@ def bench_dataset(
     lab: Lab, mode: str, name: str, path: Path, out_dir: Path, args: argparse.Namespace
 ) -> list[Row]:
     srv = lab.address("us-1")
-    size = path.stat().st_size
     rows: list[Row] = []
     servers: dict[str, subprocess.Popen[Any]] = {}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -268,33 +276,85 @@ def bench_dataset(
                     str(out_dir / f"{mode}-{name}-cache"),
                 ],
             }[tool]
-            server = servers[tool]
-            seconds, wire, cpu, timed_out, out = run_client(lab, argv, args.timeout_s, server.pid)
-            got = (dest / path.name).stat().st_size if (dest / path.name).exists() else 0
-            logical = size if not timed_out and got == size else got
-            predicted = internal = None
-            if tool == "netopt" and not timed_out:
-                with_plan = json.loads(out)
-                # The cache's sync reports the transfer plan as "transfer_plan".
-                plan = with_plan.get("transfer_plan") or with_plan["plan"]
-                predicted = float(plan["predicted_time_s"])
-                internal = float(with_plan["seconds"])
-            row = Row(mode, name, tool, seconds, logical, wire, cpu, timed_out, predicted, internal)
-            if timed_out and tool in ("aria2c", "rsync"):
-                # Partial files say little for segmented or temp-file downloads: rate from wire.
-                row.logical_bytes = wire
-            print(
-                f"  {mode:5} {name:6} {tool:7} {seconds:7.1f} s {row.effective_mbps:7.1f} Mbit/s"
-                f" eff, {row.wire_mbps:6.1f} wire{'  (timeout)' if timed_out else ''}",
-                flush=True,
-            )
-            rows.append(row)
+            for attempt in range(args.repeat if tool == "netopt" else 1):
+                if attempt:
+                    shutil.rmtree(dest, ignore_errors=True)
+                    shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
+                    dest.mkdir(parents=True)
+                rows.append(
+                    _run_tool(lab, tool, argv, servers[tool], (mode, name, path, dest), args)
+                )
             shutil.rmtree(dest, ignore_errors=True)
             shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
     finally:
         for proc in {id(p): p for p in servers.values()}.values():
             stop(proc)
     return rows
+
+
+def _run_tool(
+    lab: Lab,
+    tool: str,
+    argv: list[str],
+    server: subprocess.Popen[Any],
+    where: tuple[str, str, Path, Path],
+    args: argparse.Namespace,
+) -> Row:
+    mode, name, path, dest = where
+    size = path.stat().st_size
+    env = None
+    trace_path = dest.parent / f"trace-{mode}-{name}.json"
+    if tool == "netopt" and args.trace:
+        trace_path.unlink(missing_ok=True)
+        env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
+    server_cpu_before_s = proc_cpu_s(server.pid)
+    seconds, wire, cpu, timed_out, out, start = run_client(
+        lab, argv, args.timeout_s, server.pid, env
+    )
+    server_cpu_s = proc_cpu_s(server.pid) - server_cpu_before_s
+    got = (dest / path.name).stat().st_size if (dest / path.name).exists() else 0
+    logical = size if not timed_out and got == size else got
+    predicted = internal = None
+    if tool == "netopt" and not timed_out:
+        with_plan = json.loads(out)
+        # The cache's sync reports the transfer plan as "transfer_plan".
+        plan = with_plan.get("transfer_plan") or with_plan["plan"]
+        predicted = float(plan["predicted_time_s"])
+        internal = float(with_plan["seconds"])
+    row = Row(mode, name, tool, seconds, logical, wire, cpu, timed_out, predicted, internal)
+    if timed_out and tool in ("aria2c", "rsync"):
+        # Partial files say little for segmented or temp-file downloads: rate from wire.
+        row.logical_bytes = wire
+    print(
+        f"  {mode:5} {name:6} {tool:7} {seconds:7.1f} s {row.effective_mbps:7.1f} Mbit/s"
+        f" eff, {row.wire_mbps:6.1f} wire{'  (timeout)' if timed_out else ''}",
+        flush=True,
+    )
+    if env is not None and trace_path.exists():
+        print_trace(json.loads(trace_path.read_text()), start, start + seconds)
+        plan = json.loads(out).get("transfer_plan", {}) if not timed_out else {}
+        print(
+            f"    server cpu {server_cpu_s:.2f} s; plan: level {plan.get('zstd_level')},"
+            f" {plan.get('streams')} streams, predicted {plan.get('predicted_time_s')} s",
+            flush=True,
+        )
+    return row
+
+
+def print_trace(trace: dict[str, Any], launched_s: float, ended_s: float) -> None:
+    """One netopt process's timeline (s since launch), its CPU and its summed costs."""
+    marks = {k: v - launched_s for k, v in trace["marks"].items()}
+    marks["ended (seen by the bench)"] = ended_s - launched_s
+    line = ", ".join(f"{k} {v:.2f}" for k, v in sorted(marks.items(), key=lambda kv: kv[1]))
+    print(f"    timeline: {line}")
+    costs = ", ".join(f"{k} {v:.2f}" for k, v in sorted(trace["seconds"].items()))
+    print(f"    summed s: {costs}")
+    counts = ", ".join(f"{k} {v:g}" for k, v in sorted(trace["counts"].items()))
+    print(
+        f"    cpu: user {trace['cpu_user_s']:.2f} s, system {trace['cpu_system_s']:.2f} s;"
+        f" counts: {counts}",
+        flush=True,
+    )
 
 
 def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace) -> Row:
@@ -319,7 +379,7 @@ def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace) -> Row:
             str(args.iperf_s),
             "-J",
         ]
-        _, wire, cpu, timed_out, out = run_client(lab, argv, args.iperf_s + 30, server.pid)
+        _, wire, cpu, timed_out, out, _ = run_client(lab, argv, args.iperf_s + 30, server.pid)
         received = int(json.loads(out)["end"]["sum_received"]["bytes"]) if not timed_out else 0
     finally:
         stop(server)
@@ -382,6 +442,12 @@ def main() -> int:
     parser.add_argument("--link-loss", type=float, default=0.01, help="for netopt's plan")
     parser.add_argument("--topology", default=str(TOPOLOGY))
     parser.add_argument("--json-out", default=None, help="write the rows here as JSON")
+    parser.add_argument("--repeat", type=int, default=1, help="netopt runs per dataset and mode")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="print each netopt run's timeline (NETOPT_TRACE, see netopt.dataplane.trace)",
+    )
     args = parser.parse_args()
     args.tools = [t for t in args.tools.split(",") if t]
     if os.geteuid() != 0:

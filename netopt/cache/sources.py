@@ -23,16 +23,19 @@ from pathlib import Path
 
 from netopt.cache.s3 import S3Options
 from netopt.config.common import DATASET_NAME_RE
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.client import (
+    MAX_CONNECTIONS,
+    WARM_CONNECTIONS,
     ClientOptions,
     DatasetUrl,
     HttpChunkSource,
+    fetch_info_and_manifest,
     parse_dataset_url,
     plan_for,
 )
 from netopt.dataplane.server import ServedDataset, load_dataset
-from netopt.dataplane.sync import first_error
 from netopt.errors import StorageError, ValidationError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile, TransferPlan
@@ -143,27 +146,21 @@ class LocalChunkSource:
 
 
 async def _open_served(
-    url: DatasetUrl, kind: str, opts: SourceOptions
-) -> tuple[OpenedSource, HttpChunkSource]:
+    url: DatasetUrl, kind: str, opts: SourceOptions, source: HttpChunkSource
+) -> OpenedSource:
+    """Fetch info and manifest through ``source`` (entered) and plan; the source then
+    fetches chunks over the connections the set-up opened."""
+    trace.mark("open_source")
     cpu = opts.client_cpu
     if cpu is None:
         cpu = await asyncio.to_thread(load_cpu_profile)
-    async with HttpChunkSource(url, opts.client) as meta:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                info_task = tg.create_task(meta.fetch_info())
-                manifest_task = tg.create_task(meta.fetch_manifest())
-        except BaseExceptionGroup as group:
-            raise first_error(group) from None
-        overhead_bytes = meta.wire_bytes
-    plan = plan_for(
-        info_task.result(), None, cpu, rate_bps=opts.link_rate_bps, loss_ratio=opts.link_loss_ratio
-    )
+    trace.mark("cpu_profile")
+    info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+    overhead_bytes = source.meta_wire_bytes
+    plan = plan_for(info, None, cpu, rate_bps=opts.link_rate_bps, loss_ratio=opts.link_loss_ratio)
     streams = opts.streams or plan.streams
-    level = plan.zstd_level if opts.zstd_level is None else (opts.zstd_level or None)
-    source = HttpChunkSource(url, replace(opts.client, streams=streams), level)
-    manifest = manifest_task.result()
-    return OpenedSource(kind, url.name, manifest, source, streams, overhead_bytes, plan), source
+    source.zstd_level = plan.zstd_level if opts.zstd_level is None else (opts.zstd_level or None)
+    return OpenedSource(kind, url.name, manifest, source, streams, overhead_bytes, plan)
 
 
 @asynccontextmanager
@@ -205,6 +202,5 @@ async def open_source(spec: str, opts: SourceOptions) -> AsyncIterator[OpenedSou
         scheme, host, port, served_name, _ = match.groups()
         checked = parse_dataset_url(f"netopt://{host}:{port}/{served_name}")
         url = _HttpsDatasetUrl(checked.host, checked.port, checked.name, scheme)
-    opened, source = await _open_served(url, kind, opts)
-    async with source:
-        yield opened
+    async with HttpChunkSource(url, replace(opts.client, streams=MAX_CONNECTIONS)) as source:
+        yield await _open_served(url, kind, opts, source)

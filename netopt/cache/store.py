@@ -27,12 +27,14 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import blake3
 
 from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, record_access
+from netopt.dataplane import trace
 from netopt.errors import IntegrityError, StorageError, ValidationError
 from netopt.fsutil import atomic_write_bytes, fsync_dir
 from netopt.transfer.manifest import (
@@ -50,6 +52,17 @@ __all__ = ["DEFAULT_CAPACITY_BYTES", "Cache"]
 DEFAULT_CAPACITY_BYTES = 100 * 1024**3
 _INDEX_VERSION = 1
 _LOCK_WAIT_S = 30.0
+
+
+_FSYNC_THREADS = 8
+
+
+def _fsync_dir_quietly(directory: Path) -> tuple[Path, OSError] | None:
+    try:
+        fsync_dir(directory)
+    except OSError as exc:
+        return directory, exc
+    return None
 
 
 def _no_space(exc: OSError) -> bool:
@@ -75,6 +88,8 @@ class Cache:
         self.pins: set[str] = set()
         self.datasets: dict[str, str] = {}
         self.in_use: set[str] = set()
+        self._dirty_dirs: set[Path] = set()
+        """Chunk directories whose entries changed since the last `save_index`."""
         self.tick = 0
         self._pinned_memo: tuple[frozenset[tuple[str, str]], frozenset[str]] | None = None
         self.capacity_bytes = capacity_bytes or DEFAULT_CAPACITY_BYTES
@@ -175,6 +190,7 @@ class Cache:
 
     def save_index(self) -> None:
         """Write the index atomically (and make renamed chunk files durable first)."""
+        trace.mark("cache_save_index")
         with self._lock:
             if needs_aging(self.access):
                 self.access = age_access(self.access)
@@ -186,10 +202,16 @@ class Cache:
                 "datasets": dict(sorted(self.datasets.items())),
                 "access": {c: [a.count, a.last_tick] for c, a in sorted(self.access.items())},
             }
-        with contextlib.suppress(OSError):
-            for sub in self.chunks_dir.iterdir():
-                fsync_dir(sub)
+            dirty, self._dirty_dirs = self._dirty_dirs, set()
+        # Only the directories this process changed; in parallel, so the journal commits
+        # they force overlap (a sync touches most of the 256 fan-out directories).
+        if dirty:
+            with ThreadPoolExecutor(max_workers=min(_FSYNC_THREADS, len(dirty))) as pool:
+                for failed in pool.map(_fsync_dir_quietly, sorted(dirty)):
+                    if failed:
+                        log.debug("cannot fsync %s: %s", failed[0], failed[1])
         atomic_write_bytes(self.root / "index.json", json.dumps(data).encode())
+        trace.mark("cache_index_saved")
 
     # -- chunks --------------------------------------------------------------------------
 
@@ -223,7 +245,7 @@ class Cache:
         tmp = self.tmp_dir / f"{chunk_id[:16]}.{threading.get_ident()}"
         try:
             final.parent.mkdir(exist_ok=True)
-            with tmp.open("wb") as f:
+            with tmp.open("wb") as f, trace.timed("cache_put_write_fsync"):
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -237,6 +259,7 @@ class Cache:
             ) from exc
         with self._lock:
             self.sizes_bytes[chunk_id] = len(data)
+            self._dirty_dirs.add(final.parent)
 
     def _make_room(self, incoming_bytes: int) -> None:
         if sum(self.sizes_bytes.values()) + incoming_bytes <= self.capacity_bytes:
@@ -285,8 +308,10 @@ class Cache:
         freed = 0
         with self._lock:
             for cid in list(chunk_ids):
+                path = self.chunk_path(cid)
                 with contextlib.suppress(FileNotFoundError):
-                    self.chunk_path(cid).unlink()
+                    path.unlink()
+                    self._dirty_dirs.add(path.parent)
                 freed += self.sizes_bytes.pop(cid, 0)
                 self.access.pop(cid, None)
         return freed

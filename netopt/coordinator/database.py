@@ -70,17 +70,21 @@ class Database:
             lambda: reader.links(since_s, regions, with_regions=with_regions),
         )
 
-    async def checkpoint(self, truncate_after_frames: int = 65536) -> int:
+    async def checkpoint(
+        self, restart_after_frames: int = 8192, truncate_after_frames: int = 262144
+    ) -> int:
         """Copy committed WAL frames into the database file; returns the WAL's frames.
 
         The copy (and its fsync) runs as a PASSIVE checkpoint on a second connection
-        and thread, so commits do not wait for it; when the WAL has grown past
-        ``truncate_after_frames`` the writer thread then truncates it, which takes
-        only the few frames committed meanwhile. Raises StorageError.
-
-        The truncation fsyncs under the write lock (87-280 ms measured on a shared
-        disk), stalling ingest: at 1,000 agents (~1,900 frames/s) the default makes
-        that once per ~35 s, for a WAL of at most 256 MiB.
+        and thread, so commits do not wait for it. Under continuous ingest that
+        checkpoint never catches up with the last commit, so the WAL would never
+        start over: past ``restart_after_frames`` the writer thread then backfills
+        the few frames committed meanwhile (no commit runs during that; one small
+        fsync), after which the next commit restarts the WAL at its beginning. The
+        file is reused in place, no truncation. Only if readers keep that from
+        happening and the WAL passes ``truncate_after_frames`` (1 GiB) is it
+        truncated, which fsyncs under the write lock (87-280 ms measured on a shared
+        disk). Raises StorageError.
         """
         db = self._checkpoint_db
         if db is None:
@@ -96,6 +100,8 @@ class Database:
         frames = await asyncio.get_running_loop().run_in_executor(self._checkpointer, passive)
         if frames > truncate_after_frames:
             await self._run(self.store.truncate_wal)
+        elif frames > restart_after_frames:
+            await self._run(self.store.backfill_wal)
         return frames
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

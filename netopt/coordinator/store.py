@@ -168,6 +168,14 @@ class Store:
                 db.execute("ROLLBACK")
                 raise
 
+    def backfill_wal(self) -> None:
+        """Checkpoint (PASSIVE) on the writer's own connection: with no commit running,
+        it copies every frame left, so the next commit restarts the WAL."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(f"checkpoint failed: {exc}") from exc
+
     def truncate_wal(self) -> None:
         """Checkpoint what is left of the WAL and truncate it (briefly blocks writers).
 

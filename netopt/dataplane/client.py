@@ -11,21 +11,23 @@ resume state in ``DEST/.netopt-sync/``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import aiohttp
 
 from netopt.config.common import DATASET_NAME_RE
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import (
     FRAME_HEADER,
     Codec,
@@ -35,6 +37,7 @@ from netopt.dataplane.chunkio import (
     parse_frame_header,
 )
 from netopt.dataplane.sockets import set_congestion_control
+from netopt.dataplane.streaming import HttpChunkStream
 from netopt.dataplane.sync import (
     ProgressCallback,
     SyncOptions,
@@ -45,6 +48,7 @@ from netopt.dataplane.sync import (
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
+    NetoptError,
     NetworkError,
     PeerUnreachableError,
     ProtocolError,
@@ -60,14 +64,23 @@ __all__ = [
     "DatasetInfo",
     "DatasetUrl",
     "HttpChunkSource",
+    "fetch_info_and_manifest",
     "parse_dataset_url",
     "plan_for",
     "sync_url",
 ]
 
+_T = TypeVar("_T")
 _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/([^/?#]+)$")
 _READ_PIECE_BYTES = 64 * 1024
 _READ_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_CONNECTIONS = 64
+"""Connections one source may hold (the sync engine's streams use fewer)."""
+HEDGE_DELAY_S = 0.5
+"""After this long without an answer, the info and manifest requests are sent again."""
+WARM_CONNECTIONS = 4
+"""Connections opened during set-up when the stream count is not known yet (the plan's
+floor on BBR links)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,10 @@ class HttpChunkSource:
             TokenBucket(options.rate_limit_bps / 8) if options.rate_limit_bps is not None else None
         )
         self._session: aiohttp.ClientSession | None = None
+        self.meta_wire_bytes = 0
+        """Bytes the info and manifest requests took (see `fetch_info_and_manifest`)."""
+        self.connect_rtts_s: list[float] = []
+        """TCP handshake times of the connections opened so far (one RTT each)."""
 
     def _socket_factory(self, addr_info: Any) -> socket.socket:
         family, type_, proto, _, _ = addr_info
@@ -164,6 +181,9 @@ class HttpChunkSource:
         timeout = aiohttp.ClientTimeout(
             sock_connect=self.options.connect_timeout_s, sock_read=self.options.read_timeout_s
         )
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_create_start.append(self._connect_started)
+        tracing.on_connection_create_end.append(self._connect_ended)
         # aiohttp stops reading a socket once 2 x read_bufsize bytes wait unread (64 KiB by
         # default): on a busy loop that throttles TCP. Let a few MiB queue up instead.
         self._session = aiohttp.ClientSession(
@@ -172,8 +192,37 @@ class HttpChunkSource:
             timeout=timeout,
             auto_decompress=False,
             read_bufsize=_READ_BUFFER_BYTES,
+            trace_configs=[tracing],
         )
         return self
+
+    async def _connect_started(self, _s: object, ctx: Any, _p: object) -> None:
+        ctx.connect_started_s = time.monotonic()
+
+    async def _connect_ended(self, _s: object, ctx: Any, _p: object) -> None:
+        self.connect_rtts_s.append(time.monotonic() - ctx.connect_started_s)
+
+    async def warm_up(self, connections: int) -> None:
+        """Open ``connections`` connections now (parallel health requests), so the first
+        chunk requests do not wait for a handshake. Failures are left to the real requests."""
+        with contextlib.suppress(NetworkError, ValidationError, AuthenticationError):
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(connections):
+                    tg.create_task(self._get("/v1/health"))
+
+    def open_stream(self) -> HttpChunkStream:
+        """A `ChunkStream` over the server's stream route (see `netopt.dataplane.streaming`)."""
+        session = self._require_session()
+        path = f"/v1/datasets/{self.url.name}/stream"
+        return HttpChunkStream(
+            session,
+            self.url.base + path,
+            {"level": str(self.zstd_level or 0)},
+            f"{self.url} ({self.url.base}{path})",
+            f"{self.url} is unreachable",
+            self._check_status,
+            self._read_exactly,
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:
@@ -213,11 +262,16 @@ class HttpChunkSource:
         where = f"{self.url} ({self.url.base}{path})"
         params = {"level": str(self.zstd_level or 0)}
         body = {"chunks": [cid for cid, _ in wanted]}
+        asked_s = time.monotonic()
+        trace.mark("first_request")
         try:
             async with session.post(self.url.base + path, params=params, json=body) as resp:
                 await self._check_status(resp, where)
-                for expected_id, length in wanted:
+                for i, (expected_id, length) in enumerate(wanted):
                     header = await self._read_exactly(resp, FRAME_HEADER.size)
+                    if i == 0:
+                        trace.mark("first_byte")
+                        trace.add_seconds("request_to_first_frame", time.monotonic() - asked_s)
                     try:
                         chunk_id, codec, payload_bytes = parse_frame_header(header)
                     except ValueError as exc:
@@ -225,6 +279,7 @@ class HttpChunkSource:
                     if chunk_id != expected_id or payload_bytes > max_frame_bytes(length):
                         raise ProtocolError(f"{where}: unexpected frame for {expected_id[:16]}")
                     payload = await self._read_exactly(resp, payload_bytes)
+                    trace.mark_last("last_byte")
                     yield RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
         except asyncio.IncompleteReadError as exc:
             raise NetworkError(f"{where}: the stream ended early") from exc
@@ -260,14 +315,13 @@ class HttpChunkSource:
             raise ProtocolError(f"{self.url}: {path} did not return JSON") from exc
 
     async def fetch_info(self) -> DatasetInfo:
-        """The dataset's info; also measures the request round trip (best of two)."""
+        """The dataset's info; also measures the round trip (a TCP handshake, else the request)."""
         path = f"/v1/datasets/{self.url.name}"
-        rtts_ms: list[float] = []
-        data: Any = None
-        for _ in range(2):
-            start_s = time.monotonic()
-            data = await self._get_json(path)
-            rtts_ms.append((time.monotonic() - start_s) * 1000)
+        trace.mark("info_request")
+        start_s = time.monotonic()
+        data = await self._get_json(path)
+        rtts_ms = [(time.monotonic() - start_s) * 1000]
+        rtts_ms += [rtt_s * 1000 for rtt_s in self.connect_rtts_s]
         try:
             sample = SampleProfile(
                 {int(k): float(v) for k, v in data["sample"].items()}, int(data["total_bytes"])
@@ -368,27 +422,22 @@ async def sync_url(
     target = parse_dataset_url(url)
     cpu = client_cpu if client_cpu is not None else await asyncio.to_thread(load_cpu_profile)
     started_s = time.monotonic()
-    async with HttpChunkSource(target, client) as meta:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                info_task = tg.create_task(meta.fetch_info())
-                manifest_task = tg.create_task(meta.fetch_manifest())
-        except BaseExceptionGroup as group:
-            raise first_error(group) from None
-        info, manifest = info_task.result(), manifest_task.result()
-        overhead_bytes = meta.wire_bytes
-    plan = plan_for(
-        info, link, cpu, rate_bps=link_rate_bps, loss_ratio=link_loss_ratio, startup_s=startup_s
-    )
-    if on_plan is not None:
-        on_plan(plan)
-    n_streams = streams or plan.streams
-    level = plan.zstd_level if zstd_level is None else (zstd_level or None)
-    state_dir = Path(dest) / STATE_DIR_NAME
-    # No fsync per chunk: the store only serves resumption, and `get` re-verifies.
-    sink = await asyncio.to_thread(partial(DirChunkSink, state_dir / "chunks", fsync=False))
-    opts = replace(sync_options or SyncOptions(), streams=n_streams)
-    async with HttpChunkSource(target, replace(client, streams=n_streams), level) as source:
+    # The data connections open while the info and manifest travel: they are warm when
+    # the plan is ready.
+    async with HttpChunkSource(target, replace(client, streams=MAX_CONNECTIONS)) as source:
+        info, manifest = await fetch_info_and_manifest(source, streams or WARM_CONNECTIONS)
+        overhead_bytes = source.meta_wire_bytes
+        plan = plan_for(
+            info, link, cpu, rate_bps=link_rate_bps, loss_ratio=link_loss_ratio, startup_s=startup_s
+        )
+        if on_plan is not None:
+            on_plan(plan)
+        n_streams = streams or plan.streams
+        source.zstd_level = plan.zstd_level if zstd_level is None else (zstd_level or None)
+        state_dir = Path(dest) / STATE_DIR_NAME
+        # No fsync per chunk: the store only serves resumption, and `get` re-verifies.
+        sink = await asyncio.to_thread(partial(DirChunkSink, state_dir / "chunks", fsync=False))
+        opts = replace(sync_options or SyncOptions(), streams=n_streams)
         summary = await sync_manifest(manifest, source, sink, dest, opts, on_progress=on_progress)
     await asyncio.to_thread(shutil.rmtree, state_dir, ignore_errors=True)
     # Count the info and manifest requests too: they are part of what the sync cost.
@@ -398,3 +447,53 @@ async def sync_url(
         seconds=time.monotonic() - started_s,
     )
     return total, plan
+
+
+async def _hedged(request: Callable[[], Awaitable[_T]], delay_s: float = HEDGE_DELAY_S) -> _T:
+    """``request()``, and a second copy of it when the first has not answered within
+    ``delay_s``: the first answer wins. A lost SYN costs TCP a 1 s timeout; on a lossy
+    link the copy, on a new connection, usually answers long before. Raises the first
+    copy's error when both fail."""
+    first = asyncio.ensure_future(request())
+    done, _ = await asyncio.wait({first}, timeout=delay_s)
+    if done:
+        return first.result()
+    trace.count("hedged_requests")
+    tries = [first, asyncio.ensure_future(request())]
+    try:
+        errors: list[BaseException] = []
+        for next_done in asyncio.as_completed(tries):
+            try:
+                return await next_done
+            except NetoptError as exc:
+                errors.append(exc)
+        raise errors[0]
+    finally:
+        for task in tries:
+            task.cancel()
+        await asyncio.gather(*tries, return_exceptions=True)
+
+
+async def fetch_info_and_manifest(
+    source: HttpChunkSource, connections: int
+) -> tuple[DatasetInfo, Manifest]:
+    """The dataset's info and manifest, in parallel over a short-lived session of their
+    own, while ``source`` opens ``connections`` data connections. ``source.meta_wire_bytes``
+    then holds what the two requests took on the wire.
+
+    Raises what `HttpChunkSource.fetch_info` / `fetch_manifest` raise.
+    """
+    async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                info_task = tg.create_task(_hedged(meta.fetch_info))
+                manifest_task = tg.create_task(_hedged(meta.fetch_manifest))
+                tg.create_task(source.warm_up(connections))
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        source.meta_wire_bytes = meta.wire_bytes
+    trace.mark("info_manifest")
+    info = info_task.result()
+    # The data connections' handshakes measured the round trip too.
+    rtts_ms = [rtt_s * 1000 for rtt_s in source.connect_rtts_s]
+    return replace(info, rtt_ms=min([info.rtt_ms, *rtts_ms])), manifest_task.result()

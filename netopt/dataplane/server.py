@@ -9,10 +9,15 @@ TOKEN`` unless the server was started without a token):
     GET /v1/datasets/{name}/chunks/{id}?level=N one chunk, zstd level N (0: raw)
     POST /v1/datasets/{name}/batch?level=N      body {"chunks": [id, ...]}: a stream of
                                                 frames (`chunkio.FRAME_HEADER` + payload)
+    POST /v1/datasets/{name}/stream?level=N     body: chunk names, one per line, sent
+                                                while the frames come back (full duplex)
 
 The batch route keeps a connection busy for many chunks (no idle round trip
 between them, no slow-start restart), and compresses the next few chunks while
-the current one is being sent.
+the current one is being sent. The stream route goes further: one request per
+connection for a whole sync, the client naming each next chunk while earlier
+ones are still arriving, so a connection never idles between batches and the
+client can hand the last chunks to whichever connection is free.
 
 A chunk response carries ``X-Netopt-Codec: zstd|identity``. Chunks are found
 through an index built from the manifest, never from a path in the request, and
@@ -276,6 +281,96 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _next_stream_id(request: web.Request, ds: DatasetView) -> str | None:
+    """The next chunk name of a stream request's body; None at its end."""
+    line = await request.content.readline()
+    if not line:
+        return None
+    try:
+        name = line.strip().decode("ascii")
+    except UnicodeDecodeError:
+        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits") from None
+    return _chunk_name(ds, name)
+
+
+async def dataset_stream(request: web.Request) -> web.StreamResponse:
+    """Frames for the chunk names the body sends, in order, as the names arrive.
+
+    The first name is checked before the response starts (400/404 as for a
+    batch); a bad later name, or a chunk that cannot be read, cuts the stream:
+    the client keeps the whole frames it got and asks again.
+    """
+    ds = _dataset(request)
+    level = _level(request)
+    first = await _next_stream_id(request, ds)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
+    await resp.prepare(request)
+    if first is None:
+        await resp.write_eof()
+        return resp
+    stats = request.app[STATS]
+    loop = asyncio.get_running_loop()
+    executor = request.app[EXECUTOR]
+    names: asyncio.Queue[str | None] = asyncio.Queue()
+    names.put_nowait(first)
+
+    async def read_names() -> None:
+        while (name := await _next_stream_id(request, ds)) is not None:
+            names.put_nowait(name)
+        names.put_nowait(None)
+
+    reader = loop.create_task(read_names())
+    upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
+    ended = False
+    chunk_id = first
+    try:
+        while True:
+            # Compress up to _AHEAD named chunks ahead; wait for a name only when idle.
+            while not ended and len(upcoming) < _AHEAD and (not upcoming or not names.empty()):
+                got = await _next_name(names, reader)
+                if got is None:
+                    ended = True
+                    break
+                future = loop.run_in_executor(executor, _read_and_encode, ds, got, level)
+                upcoming.append((got, future))
+            if not upcoming:
+                break
+            chunk_id, future = upcoming.popleft()
+            stats.chunk_requests[chunk_id] += 1
+            payload, codec = await future
+            await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
+            stats.payload_bytes_sent += len(payload)
+    except (StorageError, IntegrityError, web.HTTPException) as exc:
+        log.warning("stream stopped at chunk %s: %s", chunk_id[:16], exc)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    finally:
+        reader.cancel()
+        if reader.done() and not reader.cancelled():
+            reader.exception()  # retrieved: the stream is cut either way
+        for _, future in upcoming:
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: nobody will send this chunk now
+            future.cancel()
+    await resp.write_eof()
+    return resp
+
+
+async def _next_name(names: asyncio.Queue[str | None], reader: asyncio.Task[None]) -> str | None:
+    """The next queued name; raises what the body reader raised (a bad name, a cut body)."""
+    if names.empty() and reader.done():
+        reader.result()
+        return None
+    getter = asyncio.ensure_future(names.get())
+    await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    reader.result()
+    return names.get_nowait() if not names.empty() else None
+
+
 async def dataset_chunk(request: web.Request) -> web.Response:
     ds = _dataset(request)
     level = _level(request)
@@ -326,6 +421,7 @@ def add_dataplane(
             web.get("/v1/datasets/{name}/manifest", dataset_manifest),
             web.get("/v1/datasets/{name}/chunks/{chunk_id}", dataset_chunk),
             web.post("/v1/datasets/{name}/batch", dataset_batch),
+            web.post("/v1/datasets/{name}/stream", dataset_stream),
         ]
     )
 

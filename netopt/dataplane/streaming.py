@@ -1,0 +1,162 @@
+"""The client side of the server's stream route: one request per connection, chunks named as
+they are needed.
+
+A `ChunkStream` sends chunk names in its request body while the frames of the
+names sent earlier come back, so a connection never idles between batches
+(no request round trip, no restart from idle) and the sync engine decides which
+connection fetches a chunk only a chunk or two before it is needed: all
+connections finish within about a chunk of each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import aiohttp
+
+from netopt.dataplane import trace
+from netopt.dataplane.chunkio import FRAME_HEADER, RawChunk, max_frame_bytes, parse_frame_header
+from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError
+
+__all__ = ["ChunkStream", "HttpChunkStream", "StreamingSource", "map_errors"]
+
+
+class ChunkStream(Protocol):
+    """Chunks asked for one by one over one connection; frames come back in order."""
+
+    def ask(self, chunk_id: str) -> None:
+        """Name the next chunk to send (returns at once)."""
+        ...
+
+    async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        """The frame of the oldest chunk asked for and not yet read (``chunk_id``).
+
+        Unverified. NetworkError when the stream breaks, ProtocolError for a frame
+        that is not the one expected.
+        """
+        ...
+
+    async def aclose(self, *, complete: bool = True) -> None:
+        """End the request. With ``complete`` (every frame asked for was read) the
+        connection goes back to the pool; otherwise it is dropped."""
+        ...
+
+
+class StreamingSource(Protocol):
+    """A `ChunkSource` that can also open chunk streams."""
+
+    def open_stream(self) -> ChunkStream:
+        """A new stream (its connection opens on the first `ChunkStream.next`)."""
+        ...
+
+
+ReadExactly = Callable[[aiohttp.ClientResponse, int], Awaitable[bytes]]
+CheckStatus = Callable[[aiohttp.ClientResponse, str], Awaitable[None]]
+
+
+class HttpChunkStream:
+    """`ChunkStream` over ``POST .../stream``: a chunked request body of names, frames back."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        params: dict[str, str],
+        where: str,
+        unreachable: str,
+        check_status: CheckStatus,
+        read_exactly: ReadExactly,
+    ) -> None:
+        self._session = session
+        self._url = url
+        self._params = params
+        self._where = where
+        self._unreachable = unreachable
+        self._check_status = check_status
+        self._read_exactly = read_exactly
+        self._names: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._ctx: Any = None
+        self._resp: aiohttp.ClientResponse | None = None
+        self._ended = False
+        self._broken = False
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._names.get()
+            parts: list[bytes] = []
+            while item is not None:
+                parts.append(item)
+                if self._names.empty():
+                    break
+                item = self._names.get_nowait()
+            if parts:
+                yield b"".join(parts)
+            if item is None:
+                return
+
+    def ask(self, chunk_id: str) -> None:
+        if self._ended:
+            raise RuntimeError("ask() after the stream ended")
+        self._names.put_nowait(chunk_id.encode("ascii") + b"\n")
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._names.put_nowait(None)
+
+    async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        try:
+            if self._resp is None:
+                trace.mark("first_request")
+                self._ctx = self._session.post(self._url, params=self._params, data=self._body())
+                self._resp = await self._ctx.__aenter__()
+                await self._check_status(self._resp, self._where)
+            header = await self._read_exactly(self._resp, FRAME_HEADER.size)
+            trace.mark("first_byte")
+            try:
+                got_id, codec, payload_bytes = parse_frame_header(header)
+            except ValueError as exc:
+                raise ProtocolError(f"{self._where}: bad frame header: {exc}") from exc
+            if got_id != chunk_id or payload_bytes > max_frame_bytes(length_bytes):
+                raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
+            payload = await self._read_exactly(self._resp, payload_bytes)
+            trace.mark_last("last_byte")
+            return RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
+        except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
+            self._broken = True
+            raise map_errors(exc, self._where, self._unreachable) from exc
+        except BaseException:
+            self._broken = True
+            raise
+
+    async def aclose(self, *, complete: bool = True) -> None:
+        self._end()
+        if not complete:
+            self._broken = True
+        resp, ctx = self._resp, self._ctx
+        self._resp = self._ctx = None
+        if resp is None:
+            return
+        try:
+            if not self._broken:
+                # Read the end of the response so the connection goes back to the pool.
+                await asyncio.wait_for(resp.read(), timeout=5.0)
+        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError):
+            resp.close()
+        finally:
+            if self._broken:
+                resp.close()
+            await ctx.__aexit__(None, None, None)
+
+
+def map_errors(exc: BaseException, where: str, unreachable: str) -> BaseException:
+    """aiohttp's and asyncio's exceptions as netopt's (others unchanged)."""
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return NetworkError(f"{where}: the stream ended early")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return PeerUnreachableError(f"{unreachable}: {exc}")
+    if isinstance(exc, aiohttp.ClientError | TimeoutError):
+        return NetworkError(f"{where}: {type(exc).__name__}: {exc}")
+    return exc
