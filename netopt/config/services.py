@@ -101,6 +101,7 @@ class ProbePlanSettings:
     representatives_per_region_pair: int = bounded(2, ge=1, le=16)
     bandwidth_interval_s: float = bounded(600.0, ge=10)
     bandwidth_slot_s: float = bounded(15.0, ge=2, le=600)
+    bandwidth_tests: bool = True
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ class PlanOptions:
     representatives_per_region_pair: int = 2
     bandwidth_interval_s: float = 600.0
     bandwidth_slot_s: float = 15.0
+    bandwidth_tests: bool = True
+    """False: plan no bandwidth tests (bulk TCP would disturb what runs on the links)."""
 
 
 @dataclass(frozen=True)
@@ -182,13 +184,15 @@ def make_plan(nodes: Iterable[PlanNode], options: PlanOptions) -> ProbePlan:
         pairs.extend(_mesh(regions[region], budget))
     probes = _orient(pairs)
     tests, slots = _schedule([(p.src, p.dst) for p in probes], options.bandwidth_slot_s)
+    if not options.bandwidth_tests:
+        tests, slots = (), 0
     cycle_s = max(options.bandwidth_interval_s, slots * options.bandwidth_slot_s)
     digest = hashlib.blake2b(digest_size=8)
     for node in members:
         digest.update(repr(node).encode())
     for probe in probes:
         digest.update(f"{probe.src}>{probe.dst};".encode())
-    digest.update(f"{cycle_s}:{options.bandwidth_slot_s}".encode())
+    digest.update(f"{cycle_s}:{options.bandwidth_slot_s}:{options.bandwidth_tests}".encode())
     return ProbePlan(
         digest.hexdigest(), tuple(members), probes, tests, cycle_s, options.bandwidth_slot_s
     )

@@ -98,6 +98,7 @@ class Coordinator:
             representatives_per_region_pair=pp.representatives_per_region_pair,
             bandwidth_interval_s=pp.bandwidth_interval_s,
             bandwidth_slot_s=pp.bandwidth_slot_s,
+            bandwidth_tests=pp.bandwidth_tests,
         )
 
     async def load(self) -> None:

@@ -74,6 +74,9 @@ class Cluster:
             f"token_file: {self.token_file}\n"
             f"database: {self.workdir / 'coordinator.db'}\n"
             "stale_after_s: 10\n"
+            # The demo and the tests measure bandwidth themselves and count the bytes on
+            # the links: scheduled bulk-TCP tests would land in the middle of that.
+            "probe_plan: {bandwidth_tests: false}\n"
         )
         self._spawn(self.coordinator_node, "coordinator", ["coordinator", "--config", str(config)])
         self._wait_for_coordinator()

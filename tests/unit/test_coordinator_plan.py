@@ -103,6 +103,15 @@ def test_cycle_grows_when_slots_do_not_fit_the_interval() -> None:
     assert_slots_disjoint(plan)
 
 
+def test_bandwidth_tests_can_be_switched_off() -> None:
+    on = make_plan(fleet(hk=3, us=3), PlanOptions())
+    off = make_plan(fleet(hk=3, us=3), PlanOptions(bandwidth_tests=False))
+    assert on.bandwidth
+    assert off.bandwidth == ()
+    assert off.probes == on.probes
+    assert off.version != on.version  # agents refetch the plan when the switch flips
+
+
 def test_plan_follows_join_and_leave_and_is_deterministic() -> None:
     nodes = fleet(hk=4, us=3)
     options = PlanOptions()
