@@ -105,6 +105,34 @@ class Cluster:
         with (self.workdir / f"{name}.log").open("ab") as log:
             self.procs[name] = self.site.popen(node, self._netopt(*args), stdout=log, stderr=log)
 
+    def serve(
+        self,
+        node: str,
+        directory: Path,
+        name: str,
+        base_port: int,
+        *extra: str,
+        timeout_s: float = 120.0,
+    ) -> None:
+        """Start ``netopt serve DIRECTORY --name NAME`` on ``node`` (with the cluster's
+        token) and wait until it answers ``/v1/health`` (it chunks the data first)."""
+        host, port = self.site.address(node), self.site.port(node, base_port)
+        args = ["serve", str(directory), "--name", name, "--bind", f"{host}:{port}",
+                "--token-file", str(self.token_file), *extra]  # fmt: skip
+        self._spawn(node, f"serve-{name}", args)
+        health = f"http://{host}:{port}/v1/health"
+        script = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.site.exec(node, [sys.executable, "-c", script, health],
+                              check=False).returncode == 0:  # fmt: skip
+                return
+            time.sleep(0.3)
+        raise LabError(
+            f"netopt serve {name} did not answer {health} within {timeout_s:g} s; "
+            f"see {self.workdir / ('serve-' + name + '.log')}"
+        )
+
     def agent_config(self, node: str) -> Path:
         """The agent config file of ``node`` (``netopt sync --config`` shares through it)."""
         return self.workdir / f"agent-{node}.yaml"

@@ -326,18 +326,12 @@ def _transfer(
         "--size-bytes", str(size), "--json",
     ))  # fmt: skip
     token = ["--token-file", str(cluster.token_file)]
-    port = site.port(origin_node, SERVE_PORT)
-    with (work / f"serve-{origin_node}.log").open("ab") as log:
-        site.popen(origin_node, _netopt(
-            "serve", str(origin), "--name", "demo-data",
-            "--bind", f"{site.address(origin_node)}:{port}", *token,
-        ), stdout=log, stderr=log)  # fmt: skip
+    cluster.serve(origin_node, origin, "demo-data", SERVE_PORT)
 
     def url_for(node: str) -> str:
         host, relay_port = site.endpoint(node, origin_node, SERVE_PORT)
         return f"netopt://{host}:{relay_port}/demo-data"
 
-    _wait_for_server(site, far[0], url_for(far[0]))
     link = ["--link-rate-mbps", f"{cross.link_mbps:.3f}",
             "--link-loss", f"{min(cross.loss_ratio, 0.5):.6f}"]  # fmt: skip
     t0 = time.monotonic()
@@ -375,18 +369,6 @@ def _transfer(
                    else "payload bytes through the user-space relays, both directions",
     }  # fmt: skip
     return spans
-
-
-def _wait_for_server(site: Site, node: str, url: str, timeout_s: float = 60.0) -> None:
-    """Wait until ``netopt serve`` answers /v1/health (it chunks the dataset first)."""
-    health = url.replace("netopt://", "http://").rsplit("/", 1)[0] + "/v1/health"
-    script = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if site.exec(node, [sys.executable, "-c", script, health], check=False).returncode == 0:
-            return
-        time.sleep(0.3)
-    raise NetworkError(f"netopt serve did not answer {health} within {timeout_s:g} s")
 
 
 def _run_at_once(site: Site, argvs: dict[str, list[str]]) -> dict[str, dict[str, Any]]:

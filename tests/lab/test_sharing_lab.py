@@ -40,19 +40,8 @@ def _netopt(*args: str) -> list[str]:
 
 
 def _serve(lab: Lab, cluster: Cluster, root: Path, name: str, port: int) -> str:
-    address = lab.address("us-1")
-    with (cluster.workdir / f"serve-{name}.log").open("ab") as log:
-        lab.popen("us-1", _netopt(
-            "serve", str(root), "--name", name, "--bind", f"{address}:{port}",
-            "--token-file", str(cluster.token_file), "--chunk-size", str(CHUNK_BYTES),
-        ), stdout=log, stderr=log)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        probe = lab.exec("hk-1", ["curl", "-sf", f"http://{address}:{port}/v1/health"], check=False)
-        if probe.returncode == 0:
-            return f"netopt://{address}:{port}/{name}"
-        time.sleep(0.3)
-    raise AssertionError(f"netopt serve did not start; see {cluster.workdir}")
+    cluster.serve("us-1", root, name, port, "--chunk-size", str(CHUNK_BYTES))
+    return f"netopt://{lab.address('us-1')}:{port}/{name}"
 
 
 def _start_sync(
