@@ -280,12 +280,6 @@ class Catalogue:
             origin.append(index)
         return RouteAnswer(peers, origin, wait, self.retry_after_s)
 
-    def forget_node(self, node: str) -> None:
-        """Drop a node's holdings and sessions (it left the cluster)."""
-        for version in self._versions.values():
-            version.holders.pop(node, None)
-            self._end(version, node)
-
     def describe(self, live: Iterable[str], now_s: float) -> list[dict[str, object]]:
         """Every version: holders (chunks held, live or not) and active sessions."""
         alive = set(live)
