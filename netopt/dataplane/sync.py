@@ -166,6 +166,19 @@ class _Asked(deque[str]):
         return current_left_s + position * per_frame_s
 
 
+async def _bounded(inflight: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+    """Wait for one verify-and-store task when ``_IN_FLIGHT`` run (re-raising its error);
+    the ones still running."""
+    if len(inflight) < _IN_FLIGHT:
+        return inflight
+    waited_s = time.monotonic()
+    done, pending = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+    trace.add_seconds("worker_blocked_inflight", time.monotonic() - waited_s)
+    for task in done:
+        task.result()
+    return pending
+
+
 class _Run:
     """One sync in progress: counters, the work queue and the file bookkeeping."""
 
@@ -321,14 +334,7 @@ class _Run:
                     received += 1
                     self.wire_bytes += raw.wire_bytes
                     inflight.add(asyncio.create_task(self.process(chunk_id, raw, on_stored)))
-                    if len(inflight) >= _IN_FLIGHT:
-                        waited_s = time.monotonic()
-                        done, inflight = await asyncio.wait(
-                            inflight, return_when=asyncio.FIRST_COMPLETED
-                        )
-                        trace.add_seconds("worker_blocked_inflight", time.monotonic() - waited_s)
-                        for task in done:
-                            task.result()
+                    inflight = await _bounded(inflight)
                 if received < len(batch):
                     raise NetworkError(f"the source sent {received} of {len(batch)} chunks")
             except ProtocolError:
@@ -438,14 +444,7 @@ class _Run:
                     self.claimed.add(chunk_id)
                     inflight.add(asyncio.create_task(self.process(chunk_id, raw, on_stored)))
                 self._top_up(stream, asked)
-                if len(inflight) >= _IN_FLIGHT:
-                    waited_s = time.monotonic()
-                    done, inflight = await asyncio.wait(
-                        inflight, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    trace.add_seconds("worker_blocked_inflight", time.monotonic() - waited_s)
-                    for task in done:
-                        task.result()
+                inflight = await _bounded(inflight)
         finally:
             results = await asyncio.gather(*inflight, return_exceptions=True)
         for result in results:
