@@ -1,7 +1,5 @@
 """``python -m netopt``."""
 
-import sys
+from netopt.cli.main import run
 
-from netopt.cli.main import main
-
-sys.exit(main())
+run()

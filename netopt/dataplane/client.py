@@ -455,12 +455,13 @@ async def _hedged(request: Callable[[], Awaitable[_T]], delay_s: float = HEDGE_D
     link the copy, on a new connection, usually answers long before. Raises the first
     copy's error when both fail."""
     first = asyncio.ensure_future(request())
-    done, _ = await asyncio.wait({first}, timeout=delay_s)
-    if done:
-        return first.result()
-    trace.count("hedged_requests")
-    tries = [first, asyncio.ensure_future(request())]
+    tries = [first]
     try:
+        done, _ = await asyncio.wait({first}, timeout=delay_s)
+        if done:
+            return first.result()
+        trace.count("hedged_requests")
+        tries.append(asyncio.ensure_future(request()))
         errors: list[BaseException] = []
         for next_done in asyncio.as_completed(tries):
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 
 import blake3
@@ -18,7 +19,7 @@ from dataplane_helpers import (
 )
 
 import netopt.dataplane.server as server_module
-from netopt.dataplane.client import ClientOptions, sync_url
+from netopt.dataplane.client import ClientOptions, _hedged, sync_url
 from netopt.dataplane.sync import SyncProgress
 from netopt.errors import AuthenticationError, IntegrityError, NetworkError, PeerUnreachableError
 from netopt.transfer.manifest import STATE_DIR_NAME
@@ -181,6 +182,27 @@ async def test_token_is_required(tmp_path: Path) -> None:
             await _sync(port, tmp_path / "b", client=ClientOptions(token="wrong-token-0123456789"))
     finally:
         await runner.cleanup()
+
+
+async def test_cancelled_hedged_request_leaves_no_unretrieved_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # info and manifest are asked in parallel: when one is refused, the task group cancels
+    # the other, whose own refusal must still be collected, not left to asyncio's
+    # "Task exception was never retrieved" log.
+    async def refused() -> None:
+        await asyncio.sleep(0.05)
+        raise AuthenticationError("refused")
+
+    waiting = asyncio.create_task(_hedged(refused, delay_s=10))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    del waiting
+    await asyncio.sleep(0.1)
+    gc.collect()
+    assert "never retrieved" not in caplog.text
 
 
 async def test_server_not_there(tmp_path: Path) -> None:

@@ -118,3 +118,40 @@ def test_console_script_is_installed() -> None:
     assert exe.exists()
     result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
+
+
+_QUICK_EXIT = """
+import atexit, sys, threading, time
+from pathlib import Path
+from netopt.cli.main import run
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+if sys.argv[2] == "thread":
+    def late() -> None:
+        time.sleep(0.3)
+        (out / "thread").write_text("finished")
+    threading.Thread(target=late).start()
+sys.argv = ["netopt", "config", "show", "configs/coordinator.yaml"]
+run()
+"""
+
+
+@pytest.mark.parametrize("thread", ["none", "thread"])
+def test_quick_exit_flushes_output_runs_atexit_and_waits_for_threads(
+    tmp_path: Path, thread: str
+) -> None:
+    # `run` ends the process with os._exit after the command: buffered output, atexit
+    # handlers and a still-running non-daemon thread must not be lost to it.
+    result = subprocess.run(
+        [sys.executable, "-c", _QUICK_EXIT, str(tmp_path), thread],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "listen" in json.loads(result.stdout)
+    assert (tmp_path / "atexit").read_text() == "ran"
+    if thread == "thread":
+        assert (tmp_path / "thread").read_text() == "finished"
