@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from netopt.cache.s3 import S3Options
 from netopt.config.common import DATASET_NAME_RE
@@ -35,11 +36,13 @@ from netopt.dataplane.client import (
     parse_dataset_url,
     plan_for,
 )
-from netopt.dataplane.server import ServedDataset, load_dataset
 from netopt.errors import StorageError, ValidationError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile, TransferPlan
 from netopt.transfer.profile import load_cpu_profile
+
+if TYPE_CHECKING:
+    from netopt.dataplane.server import ServedDataset
 
 __all__ = [
     "LocalChunkSource",
@@ -177,6 +180,10 @@ async def open_source(spec: str, opts: SourceOptions) -> AsyncIterator[OpenedSou
     if kind == "path":
         if not await asyncio.to_thread(Path(spec).is_dir):
             raise StorageError(f"SOURCE {spec} is not a readable directory")
+        # Imported here: the server module brings aiohttp.web, which a network sync
+        # has no use for (start-up time counts on short syncs).
+        from netopt.dataplane.server import load_dataset
+
         dataset = await asyncio.to_thread(load_dataset, spec, name, opts.avg_chunk_bytes)
         yield OpenedSource(kind, name, dataset.manifest, LocalChunkSource(dataset), 2)
         return

@@ -16,25 +16,22 @@ import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netopt.cache.residency import check_residency, find_spec
-from netopt.cache.shared import (
-    RegionSharing,
-    ReportingSink,
-    SharedChunkSource,
-    SharingOptions,
-)
 from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
-from netopt.coordinator.client import CoordinatorClient
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
 from netopt.dataplane.client import ClientOptions
 from netopt.dataplane.sync import ProgressCallback, SyncOptions, SyncSummary, sync_manifest
 from netopt.errors import NetoptError, StorageError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import TransferPlan
+
+if TYPE_CHECKING:
+    # Region sharing is imported when a sync uses it: a plain sync starts faster.
+    from netopt.cache.shared import RegionSharing, SharedChunkSource, SharingOptions
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +229,9 @@ async def _join_sharing(
     stack: contextlib.AsyncExitStack,
 ) -> tuple[RegionSharing, SharedChunkSource] | str:
     """Open the catalogue session; the reason as a string when sharing is not possible."""
+    from netopt.cache.shared import RegionSharing, SharedChunkSource
+    from netopt.coordinator.client import CoordinatorClient
+
     client = await stack.enter_async_context(
         CoordinatorClient(options.coordinator_url, options.token, timeout_s=options.timeout_s)
     )
@@ -277,6 +277,8 @@ async def _sync_into_cache(
                 if isinstance(joined, str):
                     shared = {"enabled": False, "reason": joined}
                 else:
+                    from netopt.cache.shared import ReportingSink
+
                     sharing, source = joined
                     sink = ReportingSink(sink, sharing)
                     opts = replace(opts, start_fraction=sharing.stats.start_fraction)

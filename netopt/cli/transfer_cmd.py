@@ -3,35 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import secrets
 import signal
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from netopt.cache.s3 import S3Options
-from netopt.cache.shared import SharingOptions
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.cli.output import console, err_console, print_json
 from netopt.config import cli_token, load_settings, resolve_token
 from netopt.dataplane.client import ClientOptions
-from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
 from netopt.dataplane.sync import SyncProgress
 from netopt.errors import StorageError, ValidationError
 from netopt.transfer.planner import LinkProfile, TransferPlan, plan_transfer
 from netopt.transfer.profile import load_cpu_profile, sample_file
+
+if TYPE_CHECKING:
+    # Imported where used: the server (aiohttp.web), region sharing and the progress
+    # bar are not needed by every command, and start-up time counts on short syncs.
+    from netopt.cache.shared import SharingOptions
+    from netopt.dataplane.server import ServeSettings
 
 __all__ = ["plan_command", "run_plan", "run_serve", "serve_command", "sync_command"]
 
@@ -60,6 +57,8 @@ async def run_serve(
     codec_cache: str | None,
 ) -> int:
     """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM."""
+    from netopt.dataplane.server import create_app, load_dataset, start_server
+
     dataset = await asyncio.to_thread(load_dataset, directory, name, avg_chunk_bytes)
     cpu = await asyncio.to_thread(load_cpu_profile, codec_cache)
     # Clients plan with the cores this server will actually compress on.
@@ -142,6 +141,8 @@ def serve_command(
     if token is None and not no_auth:
         token = secrets.token_urlsafe(24)
         err_console.print(f"generated token (give clients NETOPT_TOKEN={token})")
+    from netopt.dataplane.server import ServeSettings
+
     settings = ServeSettings(
         token=token, congestion_control=_cc(cc), worker_threads=threads or os.cpu_count() or 1
     )
@@ -153,7 +154,16 @@ def serve_command(
 class _Bar:
     """A rich progress bar fed by sync progress snapshots (rate, ETA, compression ratio)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -162,7 +172,6 @@ class _Bar:
             TimeRemainingColumn(),
             TextColumn("ratio {task.fields[ratio]}"),
             console=err_console,
-            disable=not enabled,
         )
         self.task = self.progress.add_task("sync", total=None, ratio="-")
 
@@ -350,9 +359,9 @@ def sync_command(
             s3=S3Options(endpoint_url=s3_endpoint_url, region=s3_region, profile=s3_profile),
         ),
     )
-    bar = _Bar(enabled=not as_json and not dry_run and err_console.is_terminal)
-    with bar.progress:
-        report = asyncio.run(run_sync(request, on_progress=bar.update))
+    bar = _Bar() if not as_json and not dry_run and err_console.is_terminal else None
+    with bar.progress if bar is not None else contextlib.nullcontext():
+        report = asyncio.run(run_sync(request, on_progress=bar.update if bar else None))
     if as_json:
         print_json(report.to_dict())
         return 0
@@ -409,6 +418,8 @@ def _sharing_options(
     assert coordinator_url is not None
     assert node is not None
     assert token is not None
+    from netopt.cache.shared import SharingOptions
+
     return SharingOptions(coordinator_url=coordinator_url, token=token, node=node)
 
 

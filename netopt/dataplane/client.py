@@ -11,7 +11,6 @@ resume state in ``DEST/.netopt-sync/``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -205,10 +204,12 @@ class HttpChunkSource:
     async def warm_up(self, connections: int) -> None:
         """Open ``connections`` connections now (parallel health requests), so the first
         chunk requests do not wait for a handshake. Failures are left to the real requests."""
-        with contextlib.suppress(NetworkError, ValidationError, AuthenticationError):
+        try:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(connections):
                     tg.create_task(self._get("/v1/health"))
+        except* (NetworkError, ValidationError, AuthenticationError):
+            pass  # a task group raises a group: contextlib.suppress would not match it
 
     def open_stream(self) -> HttpChunkStream:
         """A `ChunkStream` over the server's stream route (see `netopt.dataplane.streaming`)."""
