@@ -28,7 +28,6 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.client import (
     MAX_CONNECTIONS,
-    WARM_CONNECTIONS,
     ClientOptions,
     DatasetUrl,
     HttpChunkSource,
@@ -36,6 +35,7 @@ from netopt.dataplane.client import (
     parse_dataset_url,
     plan_for,
 )
+from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.errors import StorageError, ValidationError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile, TransferPlan

@@ -13,22 +13,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from netopt.cache.s3 import S3Options
-from netopt.cache.sources import SourceOptions
-from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.cli.output import console, err_console, print_json
 from netopt.config import cli_token, load_settings, resolve_token
-from netopt.dataplane.client import ClientOptions
-from netopt.dataplane.sync import SyncProgress
 from netopt.errors import StorageError, ValidationError
-from netopt.transfer.planner import LinkProfile, TransferPlan, plan_transfer
-from netopt.transfer.profile import load_cpu_profile, sample_file
 
 if TYPE_CHECKING:
-    # Imported where used: the server (aiohttp.web), region sharing and the progress
-    # bar are not needed by every command, and start-up time counts on short syncs.
+    # The rest is imported where used. ``netopt sync`` starts its first requests (see
+    # netopt.dataplane.prefetch) before it imports aiohttp and the sync engine, and not
+    # every command needs the server (aiohttp.web), region sharing or a progress bar.
     from netopt.cache.shared import SharingOptions
     from netopt.dataplane.server import ServeSettings
+    from netopt.dataplane.sync import SyncProgress
+    from netopt.transfer.planner import LinkProfile, TransferPlan
 
 __all__ = ["plan_command", "run_plan", "run_serve", "serve_command", "sync_command"]
 
@@ -58,6 +54,7 @@ async def run_serve(
 ) -> int:
     """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM."""
     from netopt.dataplane.server import create_app, load_dataset, start_server
+    from netopt.transfer.profile import load_cpu_profile
 
     dataset = await asyncio.to_thread(load_dataset, directory, name, avg_chunk_bytes)
     cpu = await asyncio.to_thread(load_cpu_profile, codec_cache)
@@ -328,9 +325,19 @@ def sync_command(
     Exit codes: 0 ok, 1 failure, 2 bad input or a
     residency refusal.
     """
-    from netopt.cli.cache_cmd import resolve_cache
-
     token = cli_token(token_file, required=False)
+    if source.startswith("netopt://") and config_file is None and coordinator_url is None:
+        from netopt.dataplane import prefetch
+
+        if prefetch.start(source, token, streams or prefetch.WARM_CONNECTIONS, _cc(cc)):
+            click.get_current_context().call_on_close(prefetch.discard)
+
+    from netopt.cache.s3 import S3Options
+    from netopt.cache.sources import SourceOptions
+    from netopt.cache.syncer import SyncRequest, run_sync
+    from netopt.cli.cache_cmd import resolve_cache
+    from netopt.dataplane.client import ClientOptions
+
     sharing = _sharing_options(share, config_file, coordinator_url, node, token)
     client = ClientOptions(
         # The cluster's token opens peers' and netopt servers' data planes alike.
@@ -438,6 +445,9 @@ def run_plan(
 
     ``link`` (e.g. from the coordinator) replaces the rate/RTT/loss figures.
     """
+    from netopt.transfer.planner import LinkProfile, plan_transfer
+    from netopt.transfer.profile import load_cpu_profile, sample_file
+
     try:
         size = size_bytes if size_bytes is not None else os.path.getsize(sample)
     except OSError as exc:

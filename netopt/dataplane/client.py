@@ -26,7 +26,7 @@ from typing import Any, TypeVar, cast
 import aiohttp
 
 from netopt.config.common import DATASET_NAME_RE
-from netopt.dataplane import trace
+from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
     FRAME_HEADER,
     Codec,
@@ -35,6 +35,7 @@ from netopt.dataplane.chunkio import (
     max_frame_bytes,
     parse_frame_header,
 )
+from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.sockets import set_congestion_control
 from netopt.dataplane.streaming import HttpChunkStream
 from netopt.dataplane.sync import (
@@ -77,9 +78,6 @@ MAX_CONNECTIONS = 64
 """Connections one source may hold (the sync engine's streams use fewer)."""
 HEDGE_DELAY_S = 0.5
 """After this long without an answer, the info and manifest requests are sent again."""
-WARM_CONNECTIONS = 4
-"""Connections opened during set-up when the stream count is not known yet (the plan's
-floor on BBR links)."""
 
 
 @dataclass(frozen=True)
@@ -158,10 +156,14 @@ class HttpChunkSource:
         self.meta_wire_bytes = 0
         """Bytes the info and manifest requests took (see `fetch_info_and_manifest`)."""
         self.connect_rtts_s: list[float] = []
+        self._owns_prefetch = False
         """TCP handshake times of the connections opened so far (one RTT each)."""
 
     def _socket_factory(self, addr_info: Any) -> socket.socket:
         family, type_, proto, _, _ = addr_info
+        connected = prefetch.take_socket(self.url.host, self.url.port, family)
+        if connected is not None:
+            return connected
         sock = socket.socket(family, type_, proto)
         if self.options.congestion_control is not None:
             set_congestion_control(sock, self.options.congestion_control)
@@ -226,6 +228,8 @@ class HttpChunkSource:
         )
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._owns_prefetch:
+            prefetch.discard()  # sockets the prefetch connected that no stream took
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -323,6 +327,10 @@ class HttpChunkSource:
         data = await self._get_json(path)
         rtts_ms = [(time.monotonic() - start_s) * 1000]
         rtts_ms += [rtt_s * 1000 for rtt_s in self.connect_rtts_s]
+        return self.info_from_dict(data, min(rtts_ms))
+
+    def info_from_dict(self, data: Any, rtt_ms: float) -> DatasetInfo:
+        """Validate the info document; ProtocolError when it is malformed."""
         try:
             sample = SampleProfile(
                 {int(k): float(v) for k, v in data["sample"].items()}, int(data["total_bytes"])
@@ -336,7 +344,7 @@ class HttpChunkSource:
                 sample=sample,
                 server_cpu=cpu_profile_from_dict(data["cpu"]),
                 congestion_control=data.get("congestion_control"),
-                rtt_ms=min(rtts_ms),
+                rtt_ms=rtt_ms,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
@@ -483,8 +491,19 @@ async def fetch_info_and_manifest(
     own, while ``source`` opens ``connections`` data connections. ``source.meta_wire_bytes``
     then holds what the two requests took on the wire.
 
+    Answers that `netopt.dataplane.prefetch` fetched while the process was starting are
+    used when they are there; the data connections then come connected from it too.
+
     Raises what `HttpChunkSource.fetch_info` / `fetch_manifest` raise.
     """
+    url, token = source.url, source.options.token
+    source._owns_prefetch = True
+    early = await prefetch.take_meta(url.host, url.port, url.name, token)
+    if early is not None:
+        trace.mark("info_manifest")
+        source.meta_wire_bytes = early.wire_bytes
+        info = source.info_from_dict(early.info, early.rtt_s * 1000)
+        return info, manifest_from_dict(early.manifest)
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:

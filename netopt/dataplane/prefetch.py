@@ -1,0 +1,234 @@
+"""Start a sync's first round trips while the interpreter is still importing.
+
+``netopt sync netopt://HOST:PORT/NAME`` spends ~0.6 s importing (aiohttp alone ~0.25 s,
+most of it loading the CA store for SSL contexts) before it asks for anything; then
+the dataset's info and manifest and the data connections' handshakes take about three
+round trips. On an 80 ms link that is ~0.85 s before the first chunk byte.
+
+The CLI calls `start` before it imports the sync machinery. Threads (stdlib only: the
+blocking socket calls release the GIL while imports run) connect the first data
+sockets and fetch the info and the manifest meanwhile. Later, `take_meta` hands the
+answers to `netopt.dataplane.client.fetch_info_and_manifest`, and `take_socket` the
+connected sockets to its connection factory. Whatever is missing, late or failed is
+done the normal way, which also reports any error: a prefetch never decides anything,
+and its answers go through the same validation as the normal path's.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from netopt.dataplane import trace
+from netopt.dataplane.sockets import set_congestion_control
+
+# asyncio and http.client are imported where used: `start` runs before them.
+
+__all__ = [
+    "STATS",
+    "WARM_CONNECTIONS",
+    "MetaAnswer",
+    "discard",
+    "start",
+    "take_meta",
+    "take_socket",
+]
+
+WARM_CONNECTIONS = 4
+"""Connections opened during set-up when the stream count is not known yet (the plan's
+floor on BBR links)."""
+
+STATS: Counter[str] = Counter()
+"""Process-wide counts: ``meta_used``, ``sockets_used``, ``sockets_discarded``."""
+
+TAKE_WAIT_S = 0.3
+"""How long `take_meta` waits for answers still in flight before the normal path runs."""
+
+
+@dataclass(frozen=True)
+class MetaAnswer:
+    """The prefetched info and manifest documents (unvalidated JSON)."""
+
+    info: Any
+    manifest: Any
+    rtt_s: float
+    """The shorter of the two requests' TCP handshakes: one round trip."""
+    wire_bytes: int
+
+
+class _Connected(socket.socket):
+    """A socket whose handshake is already done: asyncio's ``sock_connect`` calls
+    ``connect`` once more, which the kernel answers with EISCONN."""
+
+    def connect(self, address: Any) -> None:
+        try:
+            super().connect(address)
+        except OSError as exc:
+            if exc.errno != errno.EISCONN:
+                raise
+
+
+@dataclass
+class _Prefetch:
+    host: str
+    port: int
+    name: str
+    token: str | None
+    timeout_s: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    threads: list[threading.Thread] = field(default_factory=list)
+    answers: dict[str, tuple[Any, float, int]] = field(default_factory=dict)
+    sockets: list[socket.socket] = field(default_factory=list)
+    closed: bool = False
+
+    def fetch(self, key: str, path: str) -> None:
+        import http.client
+
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            start_s = time.monotonic()
+            conn.connect()
+            rtt_s = time.monotonic() - start_s
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            conn.request("GET", path, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status == 200:
+                doc = json.loads(body)
+                with self.lock:
+                    self.answers[key] = (doc, rtt_s, len(body))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # the normal path asks again and reports what is wrong
+        finally:
+            conn.close()
+
+    def connect(self, congestion_control: str | None) -> None:
+        try:
+            family, type_, proto, _, address = socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM
+            )[0]
+            sock = socket.socket(family, type_, proto)
+        except OSError:
+            return
+        try:
+            if congestion_control is not None:
+                set_congestion_control(sock, congestion_control)
+            sock.settimeout(self.timeout_s)
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            return
+        with self.lock:
+            if self.closed:
+                sock.close()
+            else:
+                self.sockets.append(sock)
+
+
+_pending: _Prefetch | None = None
+
+
+def start(
+    url: str,
+    token: str | None,
+    sockets: int,
+    congestion_control: str | None = "bbr",
+    timeout_s: float = 10.0,
+) -> bool:
+    """Begin fetching ``netopt://HOST:PORT/NAME``'s info and manifest and connecting
+    ``sockets`` data sockets, in daemon threads. False (nothing started) for anything
+    that is not such a URL; never raises."""
+    global _pending
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False
+    name = parts.path.strip("/")
+    if parts.scheme != "netopt" or not host or port is None or not name or "/" in name:
+        return False
+    discard()
+    pre = _Prefetch(host, port, name, token, timeout_s)
+    quoted = urllib.parse.quote(name, safe="")
+    jobs: list[tuple[Any, tuple[Any, ...]]] = [
+        (pre.fetch, ("info", f"/v1/datasets/{quoted}")),
+        (pre.fetch, ("manifest", f"/v1/datasets/{quoted}/manifest")),
+    ]
+    jobs += [(pre.connect, (congestion_control,))] * max(0, sockets)
+    for target, args in jobs:
+        thread = threading.Thread(target=target, args=args, name="netopt-prefetch", daemon=True)
+        thread.start()
+        pre.threads.append(thread)
+    _pending = pre
+    return True
+
+
+def _matching(host: str, port: int, name: str | None = None) -> _Prefetch | None:
+    pre = _pending
+    if pre is None or pre.host != host or pre.port != port:
+        return None
+    return pre if name is None or pre.name == name else None
+
+
+async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaAnswer | None:
+    """The prefetched info and manifest of ``name`` at ``host:port``, fetched with
+    ``token``; None when there was no such prefetch, it failed, or it is not done
+    within `TAKE_WAIT_S`. Each answer is handed out once."""
+    import asyncio
+
+    pre = _matching(host, port, name)
+    if pre is None or pre.token != token:
+        return None
+    deadline_s = time.monotonic() + TAKE_WAIT_S
+    fetchers = pre.threads[:2]
+    for thread in fetchers:
+        left_s = deadline_s - time.monotonic()
+        if thread.is_alive() and left_s > 0:
+            await asyncio.to_thread(thread.join, left_s)
+    with pre.lock:
+        info = pre.answers.pop("info", None)
+        manifest = pre.answers.pop("manifest", None)
+    if info is None or manifest is None:
+        return None
+    STATS["meta_used"] += 1
+    trace.count("prefetched_meta")
+    return MetaAnswer(info[0], manifest[0], min(info[1], manifest[1]), info[2] + manifest[2])
+
+
+def take_socket(host: str, port: int, family: int) -> socket.socket | None:
+    """A data socket to ``host:port`` already connected by the prefetch, or None.
+
+    The socket is blocking as the prefetch left it; asyncio makes it non-blocking, and
+    its ``connect`` (which asyncio calls again) accepts the finished handshake."""
+    pre = _matching(host, port)
+    if pre is None:
+        return None
+    with pre.lock:
+        for i, sock in enumerate(pre.sockets):
+            if sock.family == family:
+                del pre.sockets[i]
+                STATS["sockets_used"] += 1
+                trace.count("prefetched_sockets")
+                return _Connected(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    return None
+
+
+def discard() -> None:
+    """Close the sockets no one took and forget the prefetch."""
+    global _pending
+    pre, _pending = _pending, None
+    if pre is None:
+        return
+    with pre.lock:
+        pre.closed = True
+        leftover, pre.sockets = pre.sockets, []
+    STATS["sockets_discarded"] += len(leftover)
+    for sock in leftover:
+        sock.close()
