@@ -30,11 +30,20 @@ from netopt.coordinator.matrix import LinkRow
 from netopt.coordinator.schema import LinkSummary
 from netopt.errors import StorageError
 
-__all__ = ["SCHEMA_VERSION", "BatchToStore", "IngestResult", "Store", "StoredNode"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "WAL_SIZE_LIMIT_BYTES",
+    "BatchToStore",
+    "IngestResult",
+    "Store",
+    "StoredNode",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# What a WAL file is cut back to when it starts over (SQLite's journal_size_limit).
+WAL_SIZE_LIMIT_BYTES = 256 * 1024 * 1024
 # One compact encoder, built once (json.dumps with arguments builds one per call).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _INSERT_SUMMARY = (
@@ -137,7 +146,10 @@ class Store:
             self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable_commits else 'NORMAL'}")
-            self._db.execute("PRAGMA journal_size_limit=67108864")
+            # Above the WAL's restart size (Database.checkpoint): a WAL that starts over
+            # is then reused as it is, not cut down by the first commit after the restart
+            # (truncating 64 MiB there held that commit up for 100 ms).
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             if not autocheckpoint:
                 # Checkpoints (copying the WAL into the database, with an fsync) then run
                 # on another connection and thread, so no ingest commit waits for one.
