@@ -10,7 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from netopt.agent.doctor_api import doctor_routes
 from netopt.cache.peerserve import CachedDatasets, agent_cpu_profile
-from netopt.dataplane.server import ServeSettings, add_dataplane, auth_middleware
+from netopt.dataplane.handlers import ServeSettings, auth_middleware
+from netopt.dataplane.server import add_dataplane
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent

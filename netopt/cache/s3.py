@@ -34,7 +34,7 @@ from netopt.cache.remotefiles import (
     spool_stream,
 )
 from netopt.dataplane.chunkio import RawChunk
-from netopt.dataplane.client import ClientOptions
+from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import (
     AuthenticationError,
     DependencyError,

@@ -28,7 +28,7 @@ from typing import Any
 
 from netopt.coordinator.client import CoordinatorClient
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk
-from netopt.dataplane.client import ClientOptions, DatasetUrl, HttpChunkSource
+from netopt.dataplane.httpsource import ClientOptions, DatasetUrl, HttpChunkSource
 from netopt.errors import NetoptError, ValidationError
 from netopt.transfer.manifest import Manifest
 

@@ -26,14 +26,12 @@ from netopt.cache.s3 import S3Options
 from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
-from netopt.dataplane.client import (
-    MAX_CONNECTIONS,
+from netopt.dataplane.client import MAX_CONNECTIONS, fetch_info_and_manifest, plan_for
+from netopt.dataplane.httpsource import (
     ClientOptions,
     DatasetUrl,
     HttpChunkSource,
-    fetch_info_and_manifest,
     parse_dataset_url,
-    plan_for,
 )
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.errors import StorageError, ValidationError
@@ -42,7 +40,7 @@ from netopt.transfer.planner import CpuProfile, TransferPlan
 from netopt.transfer.profile import load_cpu_profile
 
 if TYPE_CHECKING:
-    from netopt.dataplane.server import ServedDataset
+    from netopt.dataplane.served import ServedDataset
 
 __all__ = [
     "LocalChunkSource",
@@ -180,9 +178,9 @@ async def open_source(spec: str, opts: SourceOptions) -> AsyncIterator[OpenedSou
     if kind == "path":
         if not await asyncio.to_thread(Path(spec).is_dir):
             raise StorageError(f"SOURCE {spec} is not a readable directory")
-        # Imported here: the server module brings aiohttp.web, which a network sync
-        # has no use for (start-up time counts on short syncs).
-        from netopt.dataplane.server import load_dataset
+        # Imported here: a network sync has no use for dataset loading (start-up time
+        # counts on short syncs).
+        from netopt.dataplane.served import load_dataset
 
         dataset = await asyncio.to_thread(load_dataset, spec, name, opts.avg_chunk_bytes)
         yield OpenedSource(kind, name, dataset.manifest, LocalChunkSource(dataset), 2)

@@ -23,8 +23,9 @@ from netopt.cache.sources import OpenedSource, SourceOptions, open_source, sourc
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
-from netopt.dataplane.client import ClientOptions
-from netopt.dataplane.sync import ProgressCallback, SyncOptions, SyncSummary, sync_manifest
+from netopt.dataplane.httpsource import ClientOptions
+from netopt.dataplane.sync import sync_manifest
+from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
 from netopt.errors import NetoptError, StorageError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import TransferPlan

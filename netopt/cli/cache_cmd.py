@@ -217,7 +217,7 @@ def verify_command(
 
     Exit code 1 when a chunk a dataset needs is corrupt or missing and was not repaired.
     """
-    from netopt.dataplane.client import ClientOptions
+    from netopt.dataplane.httpsource import ClientOptions
 
     opts = SourceOptions(client=ClientOptions(token=cli_token(token_file, required=False)))
     with _open(cache_dir, config_file) as cache:

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     # netopt.dataplane.prefetch) before it imports aiohttp and the sync engine, and not
     # every command needs the server (aiohttp.web), region sharing or a progress bar.
     from netopt.cache.shared import SharingOptions
-    from netopt.dataplane.server import ServeSettings
-    from netopt.dataplane.sync import SyncProgress
+    from netopt.dataplane.handlers import ServeSettings
+    from netopt.dataplane.synctypes import SyncProgress
     from netopt.transfer.planner import LinkProfile, TransferPlan
 
 __all__ = ["plan_command", "run_plan", "run_serve", "serve_command", "sync_command"]
@@ -53,7 +53,8 @@ async def run_serve(
     codec_cache: str | None,
 ) -> int:
     """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM."""
-    from netopt.dataplane.server import create_app, load_dataset, start_server
+    from netopt.dataplane.served import load_dataset
+    from netopt.dataplane.server import create_app, start_server
     from netopt.transfer.profile import load_cpu_profile
 
     dataset = await asyncio.to_thread(load_dataset, directory, name, avg_chunk_bytes)
@@ -138,7 +139,7 @@ def serve_command(
     if token is None and not no_auth:
         token = secrets.token_urlsafe(24)
         err_console.print(f"generated token (give clients NETOPT_TOKEN={token})")
-    from netopt.dataplane.server import ServeSettings
+    from netopt.dataplane.handlers import ServeSettings
 
     settings = ServeSettings(
         token=token, congestion_control=_cc(cc), worker_threads=threads or os.cpu_count() or 1
@@ -336,7 +337,7 @@ def sync_command(
     from netopt.cache.sources import SourceOptions
     from netopt.cache.syncer import SyncRequest, run_sync
     from netopt.cli.cache_cmd import resolve_cache
-    from netopt.dataplane.client import ClientOptions
+    from netopt.dataplane.httpsource import ClientOptions
 
     sharing = _sharing_options(share, config_file, coordinator_url, node, token)
     client = ClientOptions(

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
         decode_chunk,
         encode_chunk,
     )
-    from netopt.dataplane.sync import SyncOptions, SyncProgress, SyncSummary, sync_manifest
+    from netopt.dataplane.sync import sync_manifest
+    from netopt.dataplane.synctypes import SyncOptions, SyncProgress, SyncSummary
 
 _HOMES = {
     "ChunkSink": "chunkio",
@@ -32,9 +33,9 @@ _HOMES = {
     "RawChunk": "chunkio",
     "decode_chunk": "chunkio",
     "encode_chunk": "chunkio",
-    "SyncOptions": "sync",
-    "SyncProgress": "sync",
-    "SyncSummary": "sync",
+    "SyncOptions": "synctypes",
+    "SyncProgress": "synctypes",
+    "SyncSummary": "synctypes",
     "sync_manifest": "sync",
 }
 

@@ -18,7 +18,7 @@ from dataplane_helpers import (
     start,
 )
 
-import netopt.dataplane.server as server_module
+import netopt.dataplane.handlers as handlers_module
 from netopt.dataplane.client import ClientOptions, _hedged, sync_url
 from netopt.dataplane.sync import SyncProgress
 from netopt.errors import AuthenticationError, IntegrityError, NetworkError, PeerUnreachableError
@@ -61,7 +61,7 @@ async def test_corrupted_chunk_is_fetched_again(tmp_path: Path, monkeypatch) -> 
     files = make_dataset(tmp_path / "src")
     runner, port, stats, manifest = await start(tmp_path / "src")
     victim = next(f for f in manifest.files if f.path == "random.bin").chunks[1].chunk_id
-    real = server_module.encode_chunk
+    real = handlers_module.encode_chunk
     corrupted: list[str] = []
 
     def corrupting(data: bytes, level: int | None):
@@ -70,7 +70,7 @@ async def test_corrupted_chunk_is_fetched_again(tmp_path: Path, monkeypatch) -> 
             data = bytes([data[0] ^ 1]) + data[1:]
         return real(data, level)
 
-    monkeypatch.setattr(server_module, "encode_chunk", corrupting)
+    monkeypatch.setattr(handlers_module, "encode_chunk", corrupting)
     try:
         summary, _ = await _sync(port, tmp_path / "dst", zstd_level=0)
         check_tree(tmp_path / "dst", files)
@@ -85,14 +85,14 @@ async def test_always_corrupt_chunk_is_never_stored(tmp_path: Path, monkeypatch)
     make_dataset(tmp_path / "src")
     runner, port, _, manifest = await start(tmp_path / "src")
     victim = manifest.files[-1].chunks[-1].chunk_id
-    real = server_module.encode_chunk
+    real = handlers_module.encode_chunk
 
     def corrupting(data: bytes, level: int | None):
         if blake3.blake3(data).hexdigest() == victim:
             data = data[:-1] + bytes([data[-1] ^ 1])
         return real(data, level)
 
-    monkeypatch.setattr(server_module, "encode_chunk", corrupting)
+    monkeypatch.setattr(handlers_module, "encode_chunk", corrupting)
     dest = tmp_path / "dst"
     try:
         with pytest.raises(IntegrityError):

@@ -1,0 +1,321 @@
+"""The data-plane routes' handlers, the app state they read and the token check.
+
+Each handler parses and checks the request (dataset and chunk names against the
+manifest's index, never a path; the zstd level), reads and compresses chunks in the
+app's thread pool and writes the answer. The batch and stream handlers send frames
+(`chunkio.FRAME_HEADER` + payload) and compress a few chunks ahead of the one being
+sent. The route table and the app itself are in `netopt.dataplane.server`, which
+documents the routes and re-exports the public names here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from netopt.config.common import DATASET_NAME_RE
+from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
+from netopt.dataplane.served import DatasetView
+from netopt.errors import IntegrityError, NetoptError, StorageError
+from netopt.transfer.manifest import CHUNK_ID_RE, manifest_to_dict
+from netopt.transfer.planner import CpuProfile
+from netopt.transfer.profile import cpu_profile_to_dict
+
+__all__ = [
+    "CPU",
+    "DATASETS",
+    "EXECUTOR",
+    "SETTINGS",
+    "STATS",
+    "ServeSettings",
+    "ServeStats",
+    "auth_middleware",
+    "dataset_batch",
+    "dataset_chunk",
+    "dataset_info",
+    "dataset_manifest",
+    "dataset_stream",
+    "health",
+]
+
+# Logs under the server's name, as it did before this module was split from it.
+log = logging.getLogger("netopt.dataplane.server")
+
+MAX_ZSTD_LEVEL = 19
+MAX_BATCH_CHUNKS = 1024
+_AHEAD = 3
+"""Chunks of one batch being read and compressed ahead of the one being sent."""
+AUTH_HEADER = "Authorization"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the server behaves; ``token`` None means no authentication (``--no-auth``)."""
+
+    token: str | None
+    congestion_control: str | None = "bbr"
+    worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+class ServeStats:
+    """Counters for operators and tests: chunk requests per chunk and bytes sent."""
+
+    def __init__(self) -> None:
+        self.chunk_requests: Counter[str] = Counter()
+        self.payload_bytes_sent = 0
+
+
+DATASETS = web.AppKey("datasets", Mapping[str, DatasetView])
+SETTINGS = web.AppKey("settings", ServeSettings)
+CPU = web.AppKey("cpu", CpuProfile)
+STATS = web.AppKey("stats", ServeStats)
+EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, exc: NetoptError | str) -> web.Response:
+    body = exc.to_dict() if isinstance(exc, NetoptError) else {"error": "Error", "message": exc}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[SETTINGS].token
+    if token is None or not request.path.startswith("/v1/datasets"):
+        return await handler(request)
+    given = request.headers.get(AUTH_HEADER, "")
+    expected = f"Bearer {token}"
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        return _error(401, "missing or wrong token")
+    return await handler(request)
+
+
+def _dataset(request: web.Request) -> DatasetView:
+    name = request.match_info["name"]
+    if not DATASET_NAME_RE.match(name) or ".." in name:
+        raise web.HTTPBadRequest(text=f"bad dataset name {name!r}")
+    found = request.app[DATASETS].get(name)
+    if found is None:
+        raise web.HTTPNotFound(text=f"no dataset {name!r}")
+    return found
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def dataset_info(request: web.Request) -> web.Response:
+    ds = _dataset(request)
+    return web.json_response(
+        {
+            "name": ds.manifest.name,
+            "manifest_id": ds.manifest.manifest_id,
+            "total_bytes": ds.manifest.total_bytes,
+            "files": len(ds.manifest.files),
+            "chunks": len(ds.index),
+            "avg_chunk_bytes": ds.manifest.avg_chunk_bytes,
+            "sample": {str(k): v for k, v in ds.sample.ratio_by_level.items()},
+            "cpu": cpu_profile_to_dict(request.app[CPU]),
+            "congestion_control": request.app[SETTINGS].congestion_control,
+        }
+    )
+
+
+async def dataset_manifest(request: web.Request) -> web.Response:
+    return web.json_response(manifest_to_dict(_dataset(request).manifest))
+
+
+def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:
+    return encode_chunk(ds.read_chunk(chunk_id), level)
+
+
+def _level(request: web.Request) -> int:
+    try:
+        level = int(request.query.get("level", "0"))
+    except ValueError:
+        raise web.HTTPBadRequest(text="level is not an integer") from None
+    if not 0 <= level <= MAX_ZSTD_LEVEL:
+        raise web.HTTPBadRequest(text=f"level must be 0..{MAX_ZSTD_LEVEL}")
+    return level
+
+
+def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
+    if not isinstance(chunk_id, str) or not CHUNK_ID_RE.match(chunk_id):
+        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits")
+    if chunk_id not in ds.index:
+        raise web.HTTPNotFound(text="no such chunk in this dataset")
+    return chunk_id
+
+
+async def dataset_batch(request: web.Request) -> web.StreamResponse:
+    ds = _dataset(request)
+    level = _level(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="body is not JSON") from None
+    wanted = body.get("chunks") if isinstance(body, dict) else None
+    if not isinstance(wanted, list) or not 0 < len(wanted) <= MAX_BATCH_CHUNKS:
+        raise web.HTTPBadRequest(text=f"chunks must be a list of 1..{MAX_BATCH_CHUNKS} names")
+    ids = [_chunk_name(ds, cid) for cid in wanted]
+    stats = request.app[STATS]
+    loop = asyncio.get_running_loop()
+    executor = request.app[EXECUTOR]
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
+    await resp.prepare(request)
+    # Compress up to _AHEAD chunks ahead of the one being sent, so the pool never waits
+    # on the socket and the socket never waits on one chunk's compression.
+    upcoming: deque[asyncio.Future[tuple[bytes, Codec]]] = deque()
+    queued = 0
+
+    def refill() -> None:
+        nonlocal queued
+        while queued < len(ids) and len(upcoming) < _AHEAD:
+            upcoming.append(
+                loop.run_in_executor(executor, _read_and_encode, ds, ids[queued], level)
+            )
+            queued += 1
+
+    chunk_id = ids[0]
+    try:
+        refill()
+        for chunk_id in ids:
+            stats.chunk_requests[chunk_id] += 1
+            payload, codec = await upcoming.popleft()
+            refill()
+            await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
+            stats.payload_bytes_sent += len(payload)
+    except (StorageError, IntegrityError) as exc:
+        # Cut the stream: the client keeps the whole frames it got and asks again.
+        log.warning("batch stopped at chunk %s: %s", chunk_id[:16], exc)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    finally:
+        for future in upcoming:
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: nobody will send this chunk now
+            future.cancel()
+    await resp.write_eof()
+    return resp
+
+
+async def _next_stream_id(request: web.Request, ds: DatasetView) -> str | None:
+    """The next chunk name of a stream request's body; None at its end."""
+    line = await request.content.readline()
+    if not line:
+        return None
+    try:
+        name = line.strip().decode("ascii")
+    except UnicodeDecodeError:
+        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits") from None
+    return _chunk_name(ds, name)
+
+
+async def dataset_stream(request: web.Request) -> web.StreamResponse:
+    """Frames for the chunk names the body sends, in order, as the names arrive.
+
+    The first name is checked before the response starts (400/404 as for a
+    batch); a bad later name, or a chunk that cannot be read, cuts the stream:
+    the client keeps the whole frames it got and asks again.
+    """
+    ds = _dataset(request)
+    level = _level(request)
+    first = await _next_stream_id(request, ds)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
+    await resp.prepare(request)
+    if first is None:
+        await resp.write_eof()
+        return resp
+    stats = request.app[STATS]
+    loop = asyncio.get_running_loop()
+    executor = request.app[EXECUTOR]
+    names: asyncio.Queue[str | None] = asyncio.Queue()
+    names.put_nowait(first)
+
+    async def read_names() -> None:
+        while (name := await _next_stream_id(request, ds)) is not None:
+            names.put_nowait(name)
+        names.put_nowait(None)
+
+    reader = loop.create_task(read_names())
+    upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
+    ended = False
+    chunk_id = first
+    try:
+        while True:
+            # Compress up to _AHEAD named chunks ahead; wait for a name only when idle.
+            while not ended and len(upcoming) < _AHEAD and (not upcoming or not names.empty()):
+                got = await _next_name(names, reader)
+                if got is None:
+                    ended = True
+                    break
+                future = loop.run_in_executor(executor, _read_and_encode, ds, got, level)
+                upcoming.append((got, future))
+            if not upcoming:
+                break
+            chunk_id, future = upcoming.popleft()
+            stats.chunk_requests[chunk_id] += 1
+            payload, codec = await future
+            await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
+            stats.payload_bytes_sent += len(payload)
+    except (StorageError, IntegrityError, web.HTTPException) as exc:
+        log.warning("stream stopped at chunk %s: %s", chunk_id[:16], exc)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    finally:
+        reader.cancel()
+        if reader.done() and not reader.cancelled():
+            reader.exception()  # retrieved: the stream is cut either way
+        for _, future in upcoming:
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: nobody will send this chunk now
+            future.cancel()
+    await resp.write_eof()
+    return resp
+
+
+async def _next_name(names: asyncio.Queue[str | None], reader: asyncio.Task[None]) -> str | None:
+    """The next queued name; raises what the body reader raised (a bad name, a cut body)."""
+    if names.empty() and reader.done():
+        reader.result()
+        return None
+    getter = asyncio.ensure_future(names.get())
+    await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    reader.result()
+    return names.get_nowait() if not names.empty() else None
+
+
+async def dataset_chunk(request: web.Request) -> web.Response:
+    ds = _dataset(request)
+    level = _level(request)
+    chunk_id = _chunk_name(ds, request.match_info["chunk_id"])
+    stats = request.app[STATS]
+    stats.chunk_requests[chunk_id] += 1
+    loop = asyncio.get_running_loop()
+    try:
+        payload, codec = await loop.run_in_executor(
+            request.app[EXECUTOR], _read_and_encode, ds, chunk_id, level
+        )
+    except (StorageError, IntegrityError) as exc:
+        log.warning("chunk %s: %s", chunk_id[:16], exc)
+        return _error(500, exc)
+    stats.payload_bytes_sent += len(payload)
+    return web.Response(
+        body=payload,
+        content_type="application/octet-stream",
+        headers={"X-Netopt-Codec": codec},
+    )

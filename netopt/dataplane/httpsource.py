@@ -1,0 +1,338 @@
+"""`HttpChunkSource`: the `ChunkSource` over a netopt data-plane server, and its addresses.
+
+One aiohttp session with up to ``streams`` connections, each socket asking the kernel
+for the configured congestion control (bbr by default; a socket connected early by
+`netopt.dataplane.prefetch` is used first), an optional token-bucket bandwidth limit,
+and aiohttp's exceptions turned into netopt's. Chunks come one per request, in batches
+(one request, many frames) or over a full-duplex stream (`open_stream`). Also here: the
+dataset URL (``netopt://HOST:PORT/NAME``), the client's options and the dataset info the
+server sends before any chunk moves. `netopt.dataplane.client` uses these to sync a URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import aiohttp
+
+from netopt.config.common import DATASET_NAME_RE
+from netopt.dataplane import prefetch, trace
+from netopt.dataplane.chunkio import (
+    FRAME_HEADER,
+    Codec,
+    RawChunk,
+    max_frame_bytes,
+    parse_frame_header,
+)
+from netopt.dataplane.sockets import set_congestion_control
+from netopt.dataplane.streaming import HttpChunkStream
+from netopt.dataplane.throttle import TokenBucket
+from netopt.errors import (
+    AuthenticationError,
+    NetworkError,
+    PeerUnreachableError,
+    ProtocolError,
+    ValidationError,
+)
+from netopt.transfer.manifest import Manifest, manifest_from_dict
+from netopt.transfer.planner import CpuProfile, SampleProfile
+from netopt.transfer.profile import cpu_profile_from_dict
+
+__all__ = [
+    "ClientOptions",
+    "DatasetInfo",
+    "DatasetUrl",
+    "HttpChunkSource",
+    "parse_dataset_url",
+]
+
+_URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/([^/?#]+)$")
+_READ_PIECE_BYTES = 64 * 1024
+_READ_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DatasetUrl:
+    """Where a dataset is served."""
+
+    host: str
+    port: int
+    name: str
+
+    @property
+    def base(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"netopt://{host}:{self.port}/{self.name}"
+
+
+def parse_dataset_url(url: str) -> DatasetUrl:
+    """Parse ``netopt://HOST:PORT/NAME``; ValidationError if it is anything else."""
+    match = _URL_RE.match(url)
+    if not match:
+        raise ValidationError(f"{url!r} is not a dataset URL (expected netopt://HOST:PORT/NAME)")
+    host, port_text, name = match.groups()
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValidationError(f"{url!r}: port {port} is out of range")
+    if not DATASET_NAME_RE.match(name) or ".." in name:
+        raise ValidationError(f"{url!r}: dataset name {name!r} is not allowed")
+    return DatasetUrl(host.strip("[]"), port, name)
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How the client connects. ``congestion_control`` None keeps the node's default."""
+
+    token: str | None = None
+    streams: int = 8
+    congestion_control: str | None = "bbr"
+    rate_limit_bps: float | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the server says about a dataset before any chunk moves."""
+
+    name: str
+    manifest_id: str
+    total_bytes: int
+    files: int
+    chunks: int
+    sample: SampleProfile
+    server_cpu: CpuProfile
+    congestion_control: str | None
+    rtt_ms: float
+
+
+class HttpChunkSource:
+    """`ChunkSource` over a netopt data-plane server. Use as ``async with``."""
+
+    def __init__(
+        self, url: DatasetUrl, options: ClientOptions, zstd_level: int | None = None
+    ) -> None:
+        self.url = url
+        self.options = options
+        self.zstd_level = zstd_level
+        self.wire_bytes = 0
+        self._bucket = (
+            TokenBucket(options.rate_limit_bps / 8) if options.rate_limit_bps is not None else None
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self.meta_wire_bytes = 0
+        """Bytes the info and manifest requests took (see `fetch_info_and_manifest`)."""
+        self.connect_rtts_s: list[float] = []
+        self._owns_prefetch = False
+        """TCP handshake times of the connections opened so far (one RTT each)."""
+
+    def _socket_factory(self, addr_info: Any) -> socket.socket:
+        family, type_, proto, _, _ = addr_info
+        connected = prefetch.take_socket(self.url.host, self.url.port, family)
+        if connected is not None:
+            return connected
+        sock = socket.socket(family, type_, proto)
+        if self.options.congestion_control is not None:
+            set_congestion_control(sock, self.options.congestion_control)
+        return sock
+
+    async def __aenter__(self) -> HttpChunkSource:
+        connector = aiohttp.TCPConnector(
+            limit=max(1, self.options.streams),
+            socket_factory=self._socket_factory,
+            force_close=False,
+            # Plain HTTP only: skip building an SSL context (loading the CA store costs
+            # tens of ms at every start).
+            ssl=False,
+        )
+        headers = {"Authorization": f"Bearer {self.options.token}"} if self.options.token else {}
+        timeout = aiohttp.ClientTimeout(
+            sock_connect=self.options.connect_timeout_s, sock_read=self.options.read_timeout_s
+        )
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_create_start.append(self._connect_started)
+        tracing.on_connection_create_end.append(self._connect_ended)
+        # aiohttp stops reading a socket once 2 x read_bufsize bytes wait unread (64 KiB by
+        # default): on a busy loop that throttles TCP. Let a few MiB queue up instead.
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=headers,
+            timeout=timeout,
+            auto_decompress=False,
+            read_bufsize=_READ_BUFFER_BYTES,
+            trace_configs=[tracing],
+        )
+        return self
+
+    async def _connect_started(self, _s: object, ctx: Any, _p: object) -> None:
+        ctx.connect_started_s = time.monotonic()
+
+    async def _connect_ended(self, _s: object, ctx: Any, _p: object) -> None:
+        self.connect_rtts_s.append(time.monotonic() - ctx.connect_started_s)
+
+    async def warm_up(self, connections: int) -> None:
+        """Open ``connections`` connections now (parallel health requests), so the first
+        chunk requests do not wait for a handshake. Failures are left to the real requests."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(connections):
+                    tg.create_task(self._get("/v1/health"))
+        except* (NetworkError, ValidationError, AuthenticationError):
+            pass  # a task group raises a group: contextlib.suppress would not match it
+
+    def open_stream(self) -> HttpChunkStream:
+        """A `ChunkStream` over the server's stream route (see `netopt.dataplane.streaming`)."""
+        session = self._require_session()
+        path = f"/v1/datasets/{self.url.name}/stream"
+        return HttpChunkStream(
+            session,
+            self.url.base + path,
+            {"level": str(self.zstd_level or 0)},
+            f"{self.url} ({self.url.base}{path})",
+            f"{self.url} is unreachable",
+            self._check_status,
+            self._read_exactly,
+        )
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._owns_prefetch:
+            prefetch.discard()  # sockets the prefetch connected that no stream took
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _check_status(self, resp: aiohttp.ClientResponse, where: str) -> None:
+        if resp.status in (401, 403):
+            raise AuthenticationError(f"{self.url}: the server refused the token")
+        if resp.status in (400, 404):
+            text = (await resp.text())[:200]
+            raise ValidationError(f"{where}: {resp.status} {text}")
+        if resp.status >= 300:
+            raise NetworkError(f"{where}: HTTP {resp.status}")
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("HttpChunkSource is used outside 'async with'")
+        return self._session
+
+    async def _read_exactly(self, resp: aiohttp.ClientResponse, n_bytes: int) -> bytes:
+        parts: list[bytes] = []
+        left = n_bytes
+        while left > 0:
+            piece = await resp.content.readexactly(min(left, _READ_PIECE_BYTES))
+            if self._bucket is not None:
+                await self._bucket.take(len(piece))
+            parts.append(piece)
+            left -= len(piece)
+        self.wire_bytes += n_bytes
+        return b"".join(parts)
+
+    async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
+        """Stream ``wanted`` chunks over one request (the server's batch route)."""
+        session = self._require_session()
+        path = f"/v1/datasets/{self.url.name}/batch"
+        where = f"{self.url} ({self.url.base}{path})"
+        params = {"level": str(self.zstd_level or 0)}
+        body = {"chunks": [cid for cid, _ in wanted]}
+        asked_s = time.monotonic()
+        trace.mark("first_request")
+        try:
+            async with session.post(self.url.base + path, params=params, json=body) as resp:
+                await self._check_status(resp, where)
+                for i, (expected_id, length) in enumerate(wanted):
+                    header = await self._read_exactly(resp, FRAME_HEADER.size)
+                    if i == 0:
+                        trace.mark("first_byte")
+                        trace.add_seconds("request_to_first_frame", time.monotonic() - asked_s)
+                    try:
+                        chunk_id, codec, payload_bytes = parse_frame_header(header)
+                    except ValueError as exc:
+                        raise ProtocolError(f"{where}: bad frame header: {exc}") from exc
+                    if chunk_id != expected_id or payload_bytes > max_frame_bytes(length):
+                        raise ProtocolError(f"{where}: unexpected frame for {expected_id[:16]}")
+                    payload = await self._read_exactly(resp, payload_bytes)
+                    trace.mark_last("last_byte")
+                    yield RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
+        except asyncio.IncompleteReadError as exc:
+            raise NetworkError(f"{where}: the stream ended early") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise PeerUnreachableError(f"{self.url} is unreachable: {exc}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NetworkError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+    async def _get(self, path: str, params: dict[str, str] | None = None) -> tuple[bytes, str]:
+        """GET ``path``; the body and its X-Netopt-Codec header. Errors become netopt's."""
+        session = self._require_session()
+        where = f"{self.url} ({self.url.base}{path})"
+        try:
+            async with session.get(self.url.base + path, params=params) as resp:
+                await self._check_status(resp, where)
+                parts: list[bytes] = []
+                async for piece in resp.content.iter_chunked(_READ_PIECE_BYTES):
+                    if self._bucket is not None:
+                        await self._bucket.take(len(piece))
+                    parts.append(piece)
+                    self.wire_bytes += len(piece)
+                return b"".join(parts), resp.headers.get("X-Netopt-Codec", "identity")
+        except aiohttp.ClientConnectorError as exc:
+            raise PeerUnreachableError(f"{self.url} is unreachable: {exc}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise NetworkError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+    async def _get_json(self, path: str) -> Any:
+        body, _ = await self._get(path)
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise ProtocolError(f"{self.url}: {path} did not return JSON") from exc
+
+    async def fetch_info(self) -> DatasetInfo:
+        """The dataset's info; also measures the round trip (a TCP handshake, else the request)."""
+        path = f"/v1/datasets/{self.url.name}"
+        trace.mark("info_request")
+        start_s = time.monotonic()
+        data = await self._get_json(path)
+        rtts_ms = [(time.monotonic() - start_s) * 1000]
+        rtts_ms += [rtt_s * 1000 for rtt_s in self.connect_rtts_s]
+        return self.info_from_dict(data, min(rtts_ms))
+
+    def info_from_dict(self, data: Any, rtt_ms: float) -> DatasetInfo:
+        """Validate the info document; ProtocolError when it is malformed."""
+        try:
+            sample = SampleProfile(
+                {int(k): float(v) for k, v in data["sample"].items()}, int(data["total_bytes"])
+            )
+            return DatasetInfo(
+                name=str(data["name"]),
+                manifest_id=str(data["manifest_id"]),
+                total_bytes=int(data["total_bytes"]),
+                files=int(data["files"]),
+                chunks=int(data["chunks"]),
+                sample=sample,
+                server_cpu=cpu_profile_from_dict(data["cpu"]),
+                congestion_control=data.get("congestion_control"),
+                rtt_ms=rtt_ms,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
+
+    async def fetch_manifest(self) -> Manifest:
+        return manifest_from_dict(await self._get_json(f"/v1/datasets/{self.url.name}/manifest"))
+
+    async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        path = f"/v1/datasets/{self.url.name}/chunks/{chunk_id}"
+        body, codec = await self._get(path, {"level": str(self.zstd_level or 0)})
+        if codec not in ("zstd", "identity"):
+            raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
+        return RawChunk(body, cast(Codec, codec), len(body))

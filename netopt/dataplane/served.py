@@ -1,0 +1,81 @@
+"""Datasets as the data-plane server sees them: a manifest and an index into files on disk.
+
+`load_dataset` chunks a directory into a manifest, indexes where each chunk lies and
+samples how well the data compresses; `ServedDataset.read_chunk` reads one chunk back
+and checks it against its name. `DatasetView` is what the routes
+(`netopt.dataplane.handlers`) need of any dataset, this one or an agent's cache. No
+aiohttp here: loading a dataset does not import the web server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import blake3
+
+from netopt.config.common import DATASET_NAME_RE
+from netopt.errors import IntegrityError, StorageError, ValidationError
+from netopt.transfer.manifest import Manifest, build_manifest
+from netopt.transfer.planner import SampleProfile
+from netopt.transfer.profile import sample_files
+
+__all__ = ["DatasetView", "ServedDataset", "load_dataset"]
+
+
+class DatasetView(Protocol):
+    """What the routes need of a dataset: its manifest, which chunks it has, a sample."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def index(self) -> Mapping[str, object]: ...
+
+    @property
+    def sample(self) -> SampleProfile: ...
+
+    def read_chunk(self, chunk_id: str) -> bytes:
+        """The verified bytes of one chunk (blocking); StorageError, IntegrityError."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServedDataset:
+    """A dataset held in memory as its manifest plus an index to read chunks from disk."""
+
+    manifest: Manifest
+    root: Path
+    index: Mapping[str, tuple[str, int, int]]
+    sample: SampleProfile
+
+    def read_chunk(self, chunk_id: str) -> bytes:
+        """Read and verify one chunk (blocking). Raises KeyError, StorageError, IntegrityError."""
+        rel, offset, length = self.index[chunk_id]
+        try:
+            with (self.root / rel).open("rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+        except OSError as exc:
+            raise StorageError(f"cannot read {rel}: {exc}") from exc
+        if len(data) != length or blake3.blake3(data).hexdigest() != chunk_id:
+            raise IntegrityError(f"{rel} changed on disk since the manifest was built")
+        return data
+
+
+def load_dataset(root: str | os.PathLike[str], name: str, avg_chunk_bytes: int) -> ServedDataset:
+    """Chunk ``root`` into a manifest, index its chunks and sample its compressibility."""
+    if not DATASET_NAME_RE.match(name) or ".." in name:
+        raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
+    base = Path(root).resolve()
+    manifest = build_manifest(base, name, avg_chunk_bytes)
+    index: dict[str, tuple[str, int, int]] = {}
+    for entry in manifest.files:
+        for ref in entry.chunks:
+            index.setdefault(ref.chunk_id, (entry.path, ref.offset_bytes, ref.length_bytes))
+    files = [base / f.path for f in manifest.files if f.size_bytes > 0]
+    sample = sample_files(files) if files else SampleProfile({}, 0)
+    return ServedDataset(manifest, base, index, sample)

@@ -1,0 +1,197 @@
+"""The stream worker: fetch a sync's chunks over full-duplex stream requests.
+
+One long request per connection for the whole sync (the server's stream route): the
+worker names chunks ahead on the request body, enough to keep about
+`SyncOptions.stream_ahead_bytes` on the wire, and names the next one as soon as a frame
+arrives, so the connection never idles between batches. At the tail, with the queue
+empty, an idle stream takes over ("steals") a chunk another stream has queued but not
+started receiving, whichever copy arrives first is used, and a stream whose remaining
+chunks all arrived elsewhere is cut. Without a stream route on the server the worker
+falls back to `SyncRun.worker` (batches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from netopt.dataplane import trace
+from netopt.dataplane.streaming import ChunkStream
+from netopt.dataplane.syncrun import SyncRun, bounded_inflight
+from netopt.errors import NetworkError, ValidationError
+
+# Logs under the sync engine's name, as it did before this module was split from it.
+log = logging.getLogger("netopt.dataplane.sync")
+
+__all__ = ["Asked", "stream_worker"]
+
+
+class Asked(deque[str]):
+    """One stream's chunks asked for and not yet arrived, and the pace its frames arrive at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_frame_s = time.monotonic()
+        self.frame_interval_s = 0.0
+        """Smoothed seconds between frames (0 until two have arrived)."""
+
+    def arrived(self) -> None:
+        now_s = time.monotonic()
+        gap_s = now_s - self.last_frame_s
+        self.frame_interval_s = (
+            gap_s if not self.frame_interval_s else 0.7 * self.frame_interval_s + 0.3 * gap_s
+        )
+        self.last_frame_s = now_s
+
+    def wait_s(self, position: int) -> float:
+        """Estimated seconds until the chunk at ``position`` arrives (0: the one arriving).
+
+        A frame is taken to need the smoothed interval, or as long as the current one has
+        already been pending when that is longer (a stalled stream counts as slow).
+        """
+        now_s = time.monotonic()
+        per_frame_s = max(self.frame_interval_s, now_s - self.last_frame_s)
+        current_left_s = max(0.0, self.last_frame_s + per_frame_s - now_s)
+        return current_left_s + position * per_frame_s
+
+
+def _top_up(run: SyncRun, stream: ChunkStream, asked: deque[str]) -> None:
+    """Name chunks on ``stream`` until it has asked for `stream_ahead_bytes` of wire (and
+    for at least two chunks: one arriving, one the server prepares).
+
+    With the queue empty, an idle stream takes over the tail: it asks for a chunk that
+    another stream has asked for but not started receiving, and whichever copy arrives
+    first is used (see `_steal`).
+    """
+    asked_bytes = sum(run.lengths[cid] for cid in asked)
+    ratio = run.fetched_logical_bytes / run.wire_bytes if run.wire_bytes else 1.0
+    ahead_bytes = run.options.stream_ahead_bytes * max(1.0, ratio)
+    while run.queue and (len(asked) < 2 or asked_bytes < ahead_bytes):
+        chunk_id = run.queue.popleft()
+        length = run.lengths[chunk_id]
+        run.queued_bytes -= length
+        if chunk_id in run.claimed:
+            continue  # another stream's copy arrived meanwhile
+        asked.append(chunk_id)
+        asked_bytes += length
+        stream.ask(chunk_id)
+    if not asked and not run.queue:
+        stolen = _steal(run, asked)
+        if stolen is not None:
+            asked.append(stolen)
+            stream.ask(stolen)
+            trace.count("tail_steals")
+
+
+def _lagging(run: SyncRun, mine: deque[str]) -> bool:
+    """True while the queue is empty and another stream has a chunk queued behind the
+    one it is receiving, not yet arrived anywhere (one this stream might take over)."""
+    if run.queue:
+        return False
+    return any(
+        other is not mine and any(cid not in run.claimed for cid in list(other)[1:])
+        for other in run.asking
+    )
+
+
+def _steal(run: SyncRun, mine: deque[str]) -> str | None:
+    """The last-queued chunk of the most loaded other stream that has not started
+    arriving there, that no other stream has asked for too, and that is expected there
+    later than `SyncOptions.steal_after_s` from now; None if there is none."""
+    asked_anywhere: dict[str, int] = {}
+    for other in run.asking:
+        for cid in other:
+            asked_anywhere[cid] = asked_anywhere.get(cid, 0) + 1
+    best: tuple[int, str] | None = None
+    for other in run.asking:
+        if other is mine or len(other) < 2:
+            continue
+        load_bytes = sum(run.lengths[cid] for cid in other)
+        candidate = other[-1]
+        if candidate in run.claimed or asked_anywhere[candidate] > 1:
+            continue
+        if other.wait_s(len(other) - 1) < run.options.steal_after_s:
+            continue
+        if best is None or load_bytes > best[0]:
+            best = (load_bytes, candidate)
+    return best[1] if best is not None else None
+
+
+async def _run_stream(
+    run: SyncRun, stream: ChunkStream, asked: Asked, on_stored: Callable[[str], None]
+) -> int:
+    """Read frames off ``stream`` until nothing is left to ask; the frames received.
+
+    Stops early, dropping the connection, once every chunk still expected on it has
+    arrived over another stream.
+    """
+    received = 0
+    inflight: set[asyncio.Task[None]] = set()
+    try:
+        _top_up(run, stream, asked)
+        while asked or _lagging(run, asked):
+            if not asked:
+                # Idle at the tail: stay while another stream may still need help.
+                await asyncio.sleep(run.options.steal_after_s / 5)
+                _top_up(run, stream, asked)
+                continue
+            if all(cid in run.claimed for cid in asked):
+                trace.count("streams_cut_in_tail")
+                break
+            chunk_id = asked[0]
+            raw = await stream.next(chunk_id, run.lengths[chunk_id])
+            asked.popleft()
+            asked.arrived()
+            received += 1
+            run.wire_bytes += raw.wire_bytes
+            if chunk_id in run.claimed:
+                run.duplicate_wire_bytes += raw.wire_bytes
+                trace.count("duplicate_wire_bytes", raw.wire_bytes)
+            else:
+                run.claimed.add(chunk_id)
+                inflight.add(asyncio.create_task(run.process(chunk_id, raw, on_stored)))
+            _top_up(run, stream, asked)
+            inflight = await bounded_inflight(inflight)
+    finally:
+        results = await asyncio.gather(*inflight, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return received
+
+
+async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
+    """Like `SyncRun.worker`, over one chunk stream per connection: the next chunk is named as
+    soon as one arrives, so the connection never idles and work spreads to the end.
+
+    Falls back to batches when the server has no stream route.
+    """
+    while run.queue and run.open_stream is not None:
+        stream = run.open_stream()
+        asked = Asked()
+        run.asking.append(asked)
+        failure: NetworkError | None = None
+        try:
+            await _run_stream(run, stream, asked, on_stored)
+        except ValidationError:
+            if run.chunks_done or run.retries:
+                raise
+            # A server without the stream route: use batches from now on.
+            log.debug("the source has no stream route; fetching in batches")
+            run.open_stream = None
+        except NetworkError as exc:
+            failure = exc
+        finally:
+            run.asking.remove(asked)
+            run.requeue([cid for cid in asked if cid not in run.claimed])
+            await stream.aclose(complete=not asked)
+        if failure is not None and run.queue:
+            await asyncio.sleep(run.count_failure(run.queue[0], failure))
+    if run.queue:
+        await run.worker(on_stored)
+    trace.count("streams_ended")
+    trace.mark("first_stream_done")
+    trace.mark_last("last_stream_done")

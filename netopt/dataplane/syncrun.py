@@ -1,0 +1,230 @@
+"""One sync in progress: its counters, work queue, retry accounting and the batch worker.
+
+`SyncRun` holds what the workers of one `netopt.dataplane.sync.sync_manifest` call
+share: the queue of chunks still to fetch (in file order), the byte and chunk counters
+behind progress and the summary, and per-chunk failure counts for the retry schedule.
+Each received chunk is verified (BLAKE3 and length) in the run's thread pool and stored
+in the sink (`SyncRun.process`); a bad one goes back in the queue. `SyncRun.worker`
+fetches over the source's batch route; the stream route's worker, which shares this
+state, is `netopt.dataplane.streamwork.stream_worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from netopt.dataplane import trace
+from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
+from netopt.dataplane.streaming import ChunkStream
+from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress
+from netopt.errors import IntegrityError, NetoptError, NetworkError, ProtocolError
+from netopt.transfer.manifest import FileEntry, Manifest
+
+if TYPE_CHECKING:
+    from netopt.dataplane.streamwork import Asked
+
+log = logging.getLogger("netopt.dataplane.sync")
+
+__all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight"]
+
+IN_FLIGHT = 4
+"""Received chunks per stream that may be verifying or storing while the next arrives."""
+
+
+async def bounded_inflight(inflight: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+    """Wait for one verify-and-store task when `IN_FLIGHT` run (re-raising its error);
+    the ones still running."""
+    if len(inflight) < IN_FLIGHT:
+        return inflight
+    waited_s = time.monotonic()
+    done, pending = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+    trace.add_seconds("worker_blocked_inflight", time.monotonic() - waited_s)
+    for task in done:
+        task.result()
+    return pending
+
+
+class SyncRun:
+    """One sync in progress: counters, the work queue and the file bookkeeping."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        source: ChunkSource,
+        sink: ChunkSink,
+        dest: Path,
+        options: SyncOptions,
+        on_progress: ProgressCallback | None,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.manifest = manifest
+        self.source = source
+        self.sink = sink
+        self.dest = dest
+        self.options = options
+        self.on_progress = on_progress
+        self.executor = executor
+        self.lengths = manifest.unique_chunks()
+        self.started_s = time.monotonic()
+        self.queue: deque[str] = deque()
+        self.queued_bytes = 0
+        self.attempts: Counter[str] = Counter()
+        self.wire_bytes = 0
+        self.fetched_logical_bytes = 0
+        self.logical_done_bytes = 0
+        self.logical_total_bytes = 0
+        self.chunks_total = 0
+        self.chunks_done = 0
+        self.retries = 0
+        self.files_written = 0
+        self.written_bytes = 0
+        self.claimed: set[str] = set()
+        """Chunks whose frame arrived over a stream (verifying, stored, or failed and requeued
+        after `unclaim`): another stream's copy of one is dropped unread where possible."""
+        self.asking: list[Asked] = []
+        """Each live stream's chunks asked for and not yet arrived, oldest first."""
+        self.duplicate_wire_bytes = 0
+        opener = getattr(source, "open_stream", None)
+        self.open_stream: Callable[[], ChunkStream] | None = opener if callable(opener) else None
+
+    async def in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        """Run ``func(*args)`` in the sync's thread pool (sized to the cores)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, func, *args)
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(
+                SyncProgress(
+                    self.logical_total_bytes,
+                    self.logical_done_bytes,
+                    self.wire_bytes,
+                    self.fetched_logical_bytes,
+                    self.chunks_total,
+                    self.chunks_done,
+                )
+            )
+
+    async def fetch_verified(self, chunk_id: str) -> bytes:
+        """Fetch and verify one chunk, retrying network and integrity failures."""
+        length = self.lengths[chunk_id]
+        delay_s = self.options.backoff_initial_s
+        for attempt in range(1, self.options.max_attempts + 1):
+            try:
+                raw = await self.source.fetch_chunk(chunk_id, length)
+                self.wire_bytes += raw.wire_bytes
+                data: bytes = await self.in_thread(decode_chunk, raw, chunk_id, length)
+                self.fetched_logical_bytes += length
+                return data
+            except ProtocolError:
+                raise
+            except (NetworkError, IntegrityError):
+                if attempt == self.options.max_attempts:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(
+                    min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
+                )
+                delay_s *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def take_batch(self) -> list[str]:
+        """The next chunks for one request: a fair share of what is left, at most batch_bytes."""
+        share_bytes = self.queued_bytes // max(1, self.options.streams)
+        budget_bytes = max(1, min(self.options.batch_bytes, share_bytes))
+        batch: list[str] = []
+        taken_bytes = 0
+        while self.queue and (
+            not batch or taken_bytes + self.lengths[self.queue[0]] <= budget_bytes
+        ):
+            chunk_id = self.queue.popleft()
+            batch.append(chunk_id)
+            taken_bytes += self.lengths[chunk_id]
+        self.queued_bytes -= taken_bytes
+        return batch
+
+    def requeue(self, chunk_ids: list[str]) -> None:
+        """Put chunks back at the front of the queue (they were asked for first)."""
+        for chunk_id in reversed(chunk_ids):
+            self.queue.appendleft(chunk_id)
+            self.queued_bytes += self.lengths[chunk_id]
+
+    def count_failure(self, chunk_id: str, exc: NetoptError) -> float:
+        """Record a failed try; re-raise ``exc`` when out of tries, else the backoff in s."""
+        self.attempts[chunk_id] += 1
+        if self.attempts[chunk_id] >= self.options.max_attempts:
+            raise exc
+        self.retries += 1
+        delay_s = self.options.backoff_initial_s * 2.0 ** (self.attempts[chunk_id] - 1)
+        return min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
+
+    async def process(self, chunk_id: str, raw: RawChunk, on_stored: Callable[[str], None]) -> None:
+        """Verify one received chunk and store it; a bad one goes back in the queue."""
+        try:
+            with trace.timed("decode_await"):
+                data = await self.in_thread(decode_chunk, raw, chunk_id, self.lengths[chunk_id])
+        except IntegrityError as exc:
+            self.claimed.discard(chunk_id)
+            self.count_failure(chunk_id, exc)
+            self.requeue([chunk_id])
+            return
+        self.fetched_logical_bytes += len(data)
+        with trace.timed("put_await"):
+            await self.sink.put(chunk_id, data)
+        self.chunks_done += 1
+        self.logical_done_bytes += len(data)
+        on_stored(chunk_id)
+        self._progress()
+        if self.chunks_done == self.chunks_total:
+            trace.mark("chunks_stored")
+            log.debug("all %d chunks stored at %.3f s", self.chunks_done, self._elapsed_s())
+
+    def _elapsed_s(self) -> float:
+        return time.monotonic() - self.started_s
+
+    async def worker(self, on_stored: Callable[[str], None]) -> None:
+        """Fetch batches until the queue is empty; verify each chunk, store the good ones.
+
+        Verifying and storing run beside the download (up to `IN_FLIGHT` chunks per
+        stream), so the connection keeps reading while a chunk is hashed and fsynced.
+        """
+        while self.queue:
+            batch = self.take_batch()
+            received = 0
+            inflight: set[asyncio.Task[None]] = set()
+            failure: NetworkError | None = None
+            try:
+                wanted = [(cid, self.lengths[cid]) for cid in batch]
+                async for raw in self.source.fetch_chunks(wanted):
+                    chunk_id = batch[received]
+                    received += 1
+                    self.wire_bytes += raw.wire_bytes
+                    inflight.add(asyncio.create_task(self.process(chunk_id, raw, on_stored)))
+                    inflight = await bounded_inflight(inflight)
+                if received < len(batch):
+                    raise NetworkError(f"the source sent {received} of {len(batch)} chunks")
+            except ProtocolError:
+                raise
+            except NetworkError as exc:
+                failure = exc
+            finally:
+                results = await asyncio.gather(*inflight, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            if failure is not None:
+                rest = batch[received:]
+                self.requeue(rest)
+                await asyncio.sleep(self.count_failure(rest[0], failure))
+
+    def file_done(self, entry: FileEntry) -> None:
+        self.files_written += 1
+        self.written_bytes += entry.size_bytes
+        log.debug("%s written at %.3f s", entry.path, self._elapsed_s())
