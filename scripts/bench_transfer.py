@@ -15,6 +15,12 @@ us -> hk from the lab's relay counters), wire Mbit/s, CPU seconds (client +
 server) and, for netopt, the plan's predicted time. Every run is bounded by
 --timeout-s; a run cut short reports its rate from the bytes that did arrive
 (marked "timeout"). Needs root.
+
+With ``--precompress LEVEL`` a second netopt origin, ``netopt-pre``, first
+publishes the dataset (``netopt serve --precompress LEVEL``: every chunk compressed
+once at that level, ``--precompress-chunk-mib`` chunks) and then serves the stored
+frames; the publish time is reported apart from the transfer times (it is paid
+once per dataset version, not per transfer).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from netopt.lab import Lab
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-transfer.yaml"
 TOOLS = ("iperf3", "netopt", "curl", "aria2c", "rsync")
-PORTS = {"http": 8080, "rsync": 8873, "netopt": 7470, "iperf3": 5201}
+PORTS = {"http": 8080, "rsync": 8873, "netopt": 7470, "netopt-pre": 7471, "iperf3": 5201}
 
 
 @dataclass
@@ -54,6 +60,8 @@ class Row:
     predicted_s: float | None = None
     internal_s: float | None = None
     """netopt's own count of seconds (without interpreter start-up and codec-profile load)."""
+    publish_s: float | None = None
+    """netopt-pre: seconds the origin took to precompress the dataset (before any run)."""
 
     @property
     def effective_mbps(self) -> float:
@@ -157,6 +165,22 @@ def run_client(
     return seconds, wire_bytes(lab) - before_wire, cpu, timed_out, out, start
 
 
+def wait_published(log: Path, timeout_s: float) -> float:
+    """Seconds until ``netopt serve --precompress`` (logging to ``log``) says it is done.
+
+    Raises RuntimeError when it stops or does not finish within ``timeout_s``.
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        text = log.read_text() if log.exists() else ""
+        if "precompression stopped" in text:
+            raise RuntimeError(f"precompression failed: {text.strip()[-300:]}")
+        if "precompressed " in text:
+            return time.monotonic() - start
+        time.sleep(0.5)
+    raise RuntimeError(f"precompression did not finish within {timeout_s:.0f} s")
+
+
 def wait_port(lab: Lab, node: str, port: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -230,10 +254,32 @@ def bench_dataset(
         stdout=null,
         stderr=null,
     )
+    publish_log = out_dir / f"publish-{mode}-{name}.log"
+    if "netopt-pre" in args.tools:
+        # The same server, publishing first: every chunk compressed once at a high level
+        # (larger chunks compress better), then served as stored frames.
+        with publish_log.open("w") as log_file:
+            servers["netopt-pre"] = lab.popen(
+                "us-1",
+                [sys.executable, "-m", "netopt", "serve", str(path.parent), "--name", name,
+                 "--no-auth", "--bind", f"{srv}:{PORTS['netopt-pre']}", "--cc", "bbr",
+                 "--threads", "1", "--precompress", str(args.precompress),
+                 "--chunk-size", str(args.precompress_chunk_mib * 1024 * 1024),
+                 "--frames-dir", str(out_dir / "frames")],
+                stdout=null, stderr=log_file,
+            )  # fmt: skip
     servers["aria2c"] = servers["curl"]
+    publish_s: float | None = None
     try:
         for port in (PORTS["http"], PORTS["rsync"], PORTS["netopt"]):
             wait_port(lab, "us-1", port)
+        if "netopt-pre" in args.tools:
+            publish_s = wait_published(publish_log, args.publish_timeout_s)
+            print(
+                f"  {mode:5} {name:6} netopt-pre: published (zstd {args.precompress}, "
+                f"{args.precompress_chunk_mib} MiB chunks) in {publish_s:.1f} s",
+                flush=True,
+            )
         for tool in args.tools:
             if tool == "iperf3":
                 continue
@@ -259,6 +305,21 @@ def bench_dataset(
                     url,
                 ],
                 "rsync": ["rsync", f"rsync://{srv}:{PORTS['rsync']}/data/{path.name}", str(dest)],
+                "netopt-pre": [
+                    sys.executable,
+                    "-m",
+                    "netopt",
+                    "sync",
+                    f"netopt://{srv}:{PORTS['netopt-pre']}/{name}",
+                    str(dest),
+                    "--json",
+                    "--link-rate-mbps",
+                    str(args.link_rate_mbps),
+                    "--link-loss",
+                    str(args.link_loss),
+                    "--cache-dir",
+                    str(out_dir / f"{mode}-{name}-cache"),
+                ],
                 "netopt": [
                     sys.executable,
                     "-m",
@@ -276,14 +337,14 @@ def bench_dataset(
                     str(out_dir / f"{mode}-{name}-cache"),
                 ],
             }[tool]
-            for attempt in range(args.repeat if tool == "netopt" else 1):
+            for attempt in range(args.repeat if tool.startswith("netopt") else 1):
                 if attempt:
                     shutil.rmtree(dest, ignore_errors=True)
                     shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
                     dest.mkdir(parents=True)
-                rows.append(
-                    _run_tool(lab, tool, argv, servers[tool], (mode, name, path, dest), args)
-                )
+                row = _run_tool(lab, tool, argv, servers[tool], (mode, name, path, dest), args)
+                row.publish_s = publish_s if tool == "netopt-pre" else None
+                rows.append(row)
             shutil.rmtree(dest, ignore_errors=True)
             shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
     finally:
@@ -304,7 +365,7 @@ def _run_tool(
     size = path.stat().st_size
     env = None
     trace_path = dest.parent / f"trace-{mode}-{name}.json"
-    if tool == "netopt" and args.trace:
+    if tool.startswith("netopt") and args.trace:
         trace_path.unlink(missing_ok=True)
         env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
     server_cpu_before_s = proc_cpu_s(server.pid)
@@ -315,7 +376,7 @@ def _run_tool(
     got = (dest / path.name).stat().st_size if (dest / path.name).exists() else 0
     logical = size if not timed_out and got == size else got
     predicted = internal = None
-    if tool == "netopt" and not timed_out:
+    if tool.startswith("netopt") and not timed_out:
         with_plan = json.loads(out)
         # The cache's sync reports the transfer plan as "transfer_plan".
         plan = with_plan.get("transfer_plan") or with_plan["plan"]
@@ -402,6 +463,7 @@ def print_table(rows: list[Row]) -> None:
         "plan err",
         "netopt s",
         "plan err (netopt s)",
+        "publish s",
     )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -426,6 +488,7 @@ def print_table(rows: list[Row]) -> None:
             err,
             own,
             own_err,
+            f"{r.publish_s:.0f}" if r.publish_s is not None else "-",
         )
         print("| " + " | ".join(cells) + " |")
 
@@ -444,12 +507,25 @@ def main() -> int:
     parser.add_argument("--json-out", default=None, help="write the rows here as JSON")
     parser.add_argument("--repeat", type=int, default=1, help="netopt runs per dataset and mode")
     parser.add_argument(
+        "--precompress",
+        type=int,
+        default=None,
+        help="also run netopt-pre: an origin that first compresses every chunk once at "
+        "this zstd level (netopt serve --precompress); publish time reported apart",
+    )
+    parser.add_argument("--precompress-chunk-mib", type=int, default=4)
+    parser.add_argument("--publish-timeout-s", type=float, default=1200.0)
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="print each netopt run's timeline (NETOPT_TRACE, see netopt.dataplane.trace)",
     )
     args = parser.parse_args()
     args.tools = [t for t in args.tools.split(",") if t]
+    if args.precompress is not None and "netopt-pre" not in args.tools:
+        args.tools.append("netopt-pre")
+    if "netopt-pre" in args.tools and args.precompress is None:
+        parser.error("netopt-pre needs --precompress LEVEL")
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import secrets
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -15,14 +16,16 @@ import click
 
 from netopt.cli.output import console, err_console, print_json
 from netopt.config import cli_token, load_settings, resolve_token
-from netopt.errors import StorageError, ValidationError
+from netopt.errors import NetoptError, StorageError, ValidationError
 
 if TYPE_CHECKING:
     # The rest is imported where used. ``netopt sync`` starts its first requests (see
     # netopt.dataplane.prefetch) before it imports aiohttp and the sync engine, and not
     # every command needs the server (aiohttp.web), region sharing or a progress bar.
     from netopt.cache.shared import SharingOptions
+    from netopt.dataplane.frames import FrameStore
     from netopt.dataplane.handlers import ServeSettings
+    from netopt.dataplane.served import ServedDataset
     from netopt.dataplane.synctypes import SyncProgress
     from netopt.transfer.planner import LinkProfile, TransferPlan
 
@@ -51,13 +54,23 @@ async def run_serve(
     settings: ServeSettings,
     avg_chunk_bytes: int,
     codec_cache: str | None,
+    precompress_level: int | None = None,
+    frames_dir: str | None = None,
 ) -> int:
-    """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM."""
+    """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM; with
+    ``precompress_level``, compress every chunk once at that level meanwhile."""
+    from netopt.dataplane.frames import FrameStore, frames_dir_for
     from netopt.dataplane.served import load_dataset
     from netopt.dataplane.server import create_app, start_server
     from netopt.transfer.profile import load_cpu_profile
 
     dataset = await asyncio.to_thread(load_dataset, directory, name, avg_chunk_bytes)
+    store: FrameStore | None = None
+    if precompress_level is not None:
+        base = Path(frames_dir or Path.home() / ".cache" / "netopt" / "frames")
+        where = frames_dir_for(base, name, dataset.manifest.manifest_id, precompress_level)
+        store = FrameStore(where, precompress_level, len(dataset.index))
+        dataset = dataclasses.replace(dataset, frames=store)
     cpu = await asyncio.to_thread(load_cpu_profile, codec_cache)
     # Clients plan with the cores this server will actually compress on.
     cpu = dataclasses.replace(cpu, cores=settings.worker_threads)
@@ -72,11 +85,39 @@ async def run_serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    building = None
+    if store is not None:
+        # A one-off publishing step: it may use every core, unlike serving.
+        building = loop.create_task(_precompress(store, dataset, os.cpu_count() or 1))
     try:
         await stop.wait()
     finally:
+        if building is not None:
+            building.cancel()
         await runner.cleanup()
     return 0
+
+
+async def _precompress(store: FrameStore, dataset: ServedDataset, workers: int) -> None:
+    """Build ``store`` in threads and say how it went (a failure leaves serving as it was:
+    chunks without a frame are compressed on the fly)."""
+    started = time.monotonic()
+    err_console.print(
+        f"precompressing {store.chunks} chunks at zstd {store.level} into {store.root}"
+    )
+    ids = list(dataset.index)
+    files = [dataset.root / f.path for f in dataset.manifest.files if f.size_bytes > 0]
+    try:
+        await asyncio.to_thread(store.build, ids, dataset.read_chunk, workers)
+        await asyncio.to_thread(store.sample, files)
+    except NetoptError as exc:
+        err_console.print(f"precompression stopped: {exc}; serving on-the-fly compression")
+        return
+    err_console.print(
+        f"precompressed {store.ready} chunks at zstd {store.level} in "
+        f"{time.monotonic() - started:.1f} s (ratio {store.ratio():.2f}, "
+        f"{store.sampled_ratio:.2f} on the sample)"
+    )
 
 
 @click.command("serve")
@@ -117,6 +158,20 @@ async def run_serve(
     default=None,
     help="Threads for reading and compressing chunks (default: the CPU count).",
 )
+@click.option(
+    "--precompress",
+    "precompress_level",
+    type=click.IntRange(1, 19),
+    default=None,
+    help="Compress every chunk once at this zstd level (e.g. 19) and serve the stored "
+    "frames; clients plan with that level once all are done.",
+)
+@click.option(
+    "--frames-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where precompressed frames are kept (default ~/.cache/netopt/frames).",
+)
 def serve_command(
     directory: str,
     name: str | None,
@@ -127,6 +182,8 @@ def serve_command(
     chunk_size_bytes: int,
     codec_cache: str | None,
     threads: int | None,
+    precompress_level: int | None,
+    frames_dir: str | None,
 ) -> int:
     """Serve DIRECTORY as a dataset at netopt://HOST:PORT/NAME.
 
@@ -145,8 +202,11 @@ def serve_command(
         token=token, congestion_control=_cc(cc), worker_threads=threads or os.cpu_count() or 1
     )
     return asyncio.run(
-        run_serve(directory, dataset_name, host, port, settings, chunk_size_bytes, codec_cache)
-    )
+        run_serve(
+            directory, dataset_name, host, port, settings, chunk_size_bytes, codec_cache,
+            precompress_level, frames_dir,
+        )
+    )  # fmt: skip
 
 
 class _Bar:

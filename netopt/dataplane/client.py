@@ -80,11 +80,17 @@ def plan_for(
         congestion_control=cast(Any, cc),
     )
     srv, cli = info.server_cpu, client_cpu
-    levels = set(srv.compress_bytes_per_s) & set(cli.decompress_bytes_per_s)
+    # zstd decompresses about as fast at any level: a level this node never calibrated
+    # (a server's precompressed level 19, say) gets its slowest calibrated speed.
+    slowest = min(cli.decompress_bytes_per_s.values(), default=0.0)
+    decompress = {
+        lvl: cli.decompress_bytes_per_s.get(lvl, slowest) for lvl in srv.compress_bytes_per_s
+    }
+    levels = {lvl for lvl, speed in decompress.items() if speed > 0}
     combined = CpuProfile(
         cores=1,
         compress_bytes_per_s={lvl: srv.cores * srv.compress_bytes_per_s[lvl] for lvl in levels},
-        decompress_bytes_per_s={lvl: cli.cores * cli.decompress_bytes_per_s[lvl] for lvl in levels},
+        decompress_bytes_per_s={lvl: cli.cores * decompress[lvl] for lvl in levels},
         hash_bytes_per_s=cli.cores * cli.hash_bytes_per_s,
     )
     return _plan_transfer(

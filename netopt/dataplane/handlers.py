@@ -17,13 +17,14 @@ import os
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
 from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
-from netopt.dataplane.served import DatasetView
+from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
+from netopt.dataplane.served import DatasetView, ServedDataset
 from netopt.errors import IntegrityError, NetoptError, StorageError
 from netopt.transfer.manifest import CHUNK_ID_RE, manifest_to_dict
 from netopt.transfer.planner import CpuProfile
@@ -115,6 +116,22 @@ async def health(request: web.Request) -> web.Response:
 
 async def dataset_info(request: web.Request) -> web.Response:
     ds = _dataset(request)
+    sample = dict(ds.sample.ratio_by_level)
+    cpu = request.app[CPU]
+    frames = ds.frames if isinstance(ds, ServedDataset) else None
+    precompressed: dict[str, object] | None = None
+    if frames is not None:
+        precompressed = {
+            "level": frames.level,
+            "ready_chunks": frames.ready,
+            "chunks": frames.chunks,
+        }
+        if frames.offered and frames.sampled_ratio is not None:
+            # Every chunk has its stored frame: that level costs only a read. Clients
+            # then plan with it like any other level.
+            sample[frames.level] = frames.sampled_ratio
+            speeds = {**cpu.compress_bytes_per_s, frames.level: FRAME_READ_BYTES_PER_S}
+            cpu = replace(cpu, compress_bytes_per_s=speeds)
     return web.json_response(
         {
             "name": ds.manifest.name,
@@ -123,9 +140,10 @@ async def dataset_info(request: web.Request) -> web.Response:
             "files": len(ds.manifest.files),
             "chunks": len(ds.index),
             "avg_chunk_bytes": ds.manifest.avg_chunk_bytes,
-            "sample": {str(k): v for k, v in ds.sample.ratio_by_level.items()},
-            "cpu": cpu_profile_to_dict(request.app[CPU]),
+            "sample": {str(k): v for k, v in sample.items()},
+            "cpu": cpu_profile_to_dict(cpu),
             "congestion_control": request.app[SETTINGS].congestion_control,
+            "precompressed": precompressed,
         }
     )
 
@@ -135,6 +153,15 @@ async def dataset_manifest(request: web.Request) -> web.Response:
 
 
 def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:
+    frames = ds.frames if isinstance(ds, ServedDataset) else None
+    if frames is not None and 0 < level <= frames.level:
+        # A stored frame at the precompressed level is at least as small as what the
+        # asked level would give, and costs no CPU.
+        if frames.is_raw(chunk_id):
+            return ds.read_chunk(chunk_id), "identity"
+        frame = frames.get(chunk_id)
+        if frame is not None:
+            return frame, "zstd"
     return encode_chunk(ds.read_chunk(chunk_id), level)
 
 

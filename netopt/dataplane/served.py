@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import blake3
 
@@ -22,6 +22,9 @@ from netopt.errors import IntegrityError, StorageError, ValidationError
 from netopt.transfer.manifest import Manifest, build_manifest
 from netopt.transfer.planner import SampleProfile
 from netopt.transfer.profile import sample_files
+
+if TYPE_CHECKING:
+    from netopt.dataplane.frames import FrameStore
 
 __all__ = ["DatasetView", "ServedDataset", "load_dataset"]
 
@@ -51,6 +54,8 @@ class ServedDataset:
     root: Path
     index: Mapping[str, tuple[str, int, int]]
     sample: SampleProfile
+    frames: FrameStore | None = None
+    """Chunks precompressed at a high level (``netopt serve --precompress``), if any."""
 
     def read_chunk(self, chunk_id: str) -> bytes:
         """Read and verify one chunk (blocking). Raises KeyError, StorageError, IntegrityError."""

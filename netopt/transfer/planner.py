@@ -237,6 +237,11 @@ def _level_rate_bps(
     return min(limits, key=lambda item: item[0])
 
 
+def _compress_speed(level: int, cpu: CpuProfile) -> float:
+    """Bytes per second per core at ``level`` (off: unbounded)."""
+    return math.inf if level <= 0 else cpu.compress_bytes_per_s.get(level, 0.0)
+
+
 def plan_transfer(
     size_bytes: int,
     sample_profile: SampleProfile,
@@ -294,10 +299,12 @@ def plan_transfer(
         candidates.append((rate_bps, level, ratio, streams, wire_bps, bottleneck))
 
     # Highest throughput wins, but a level's extra CPU must buy more than the model's
-    # error: on a shared machine the cheaper level is the safer bet.
+    # error: on a shared machine the cheaper level is the safer bet. A level that costs
+    # no more CPU (a server's precompressed frames) needs only to be faster.
     best = candidates[0]
     for cand in candidates[1:]:
-        if cand[0] > best[0] * LEVEL_GAIN_MIN:
+        cheaper = _compress_speed(cand[1], cpu_profile) >= _compress_speed(best[1], cpu_profile)
+        if cand[0] > best[0] * (1.0 if cheaper else LEVEL_GAIN_MIN):
             best = cand
     rate_bps, level, ratio, streams, wire_bps, bottleneck = best
     if level > 0:
