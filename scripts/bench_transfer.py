@@ -305,37 +305,25 @@ def bench_dataset(
                     url,
                 ],
                 "rsync": ["rsync", f"rsync://{srv}:{PORTS['rsync']}/data/{path.name}", str(dest)],
-                "netopt-pre": [
-                    sys.executable,
-                    "-m",
-                    "netopt",
-                    "sync",
-                    f"netopt://{srv}:{PORTS['netopt-pre']}/{name}",
-                    str(dest),
-                    "--json",
-                    "--link-rate-mbps",
-                    str(args.link_rate_mbps),
-                    "--link-loss",
-                    str(args.link_loss),
-                    "--cache-dir",
-                    str(out_dir / f"{mode}-{name}-cache"),
-                ],
-                "netopt": [
-                    sys.executable,
-                    "-m",
-                    "netopt",
-                    "sync",
-                    f"netopt://{srv}:{PORTS['netopt']}/{name}",
-                    str(dest),
-                    "--json",
-                    "--link-rate-mbps",
-                    str(args.link_rate_mbps),
-                    "--link-loss",
-                    str(args.link_loss),
-                    # A fresh chunk cache per run: a warm one would measure the disk.
-                    "--cache-dir",
-                    str(out_dir / f"{mode}-{name}-cache"),
-                ],
+                **{
+                    netopt: [
+                        sys.executable,
+                        "-m",
+                        "netopt",
+                        "sync",
+                        f"netopt://{srv}:{PORTS[netopt]}/{name}",
+                        str(dest),
+                        "--json",
+                        "--link-rate-mbps",
+                        str(args.link_rate_mbps),
+                        "--link-loss",
+                        str(args.link_loss),
+                        # A fresh chunk cache per run: a warm one would measure the disk.
+                        "--cache-dir",
+                        str(out_dir / f"{mode}-{name}-cache"),
+                    ]
+                    for netopt in ("netopt", "netopt-pre")
+                },
             }[tool]
             for attempt in range(args.repeat if tool.startswith("netopt") else 1):
                 if attempt:
