@@ -198,7 +198,7 @@ async def fetch_info_and_manifest(
     Raises what `HttpChunkSource.fetch_info` / `fetch_manifest` raise.
     """
     url, token = source.url, source.options.token
-    source._owns_prefetch = True
+    source.owns_prefetch = True
     early = await prefetch.take_meta(url.host, url.port, url.name, token)
     if early is not None:
         trace.mark("info_manifest")

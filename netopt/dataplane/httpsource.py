@@ -134,8 +134,9 @@ class HttpChunkSource:
         self.meta_wire_bytes = 0
         """Bytes the info and manifest requests took (see `fetch_info_and_manifest`)."""
         self.connect_rtts_s: list[float] = []
-        self._owns_prefetch = False
         """TCP handshake times of the connections opened so far (one RTT each)."""
+        self.owns_prefetch = False
+        """True for the sync's main source: closing it closes the prefetch's untaken sockets."""
 
     def _socket_factory(self, addr_info: Any) -> socket.socket:
         family, type_, proto, _, _ = addr_info
@@ -206,7 +207,7 @@ class HttpChunkSource:
         )
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._owns_prefetch:
+        if self.owns_prefetch:
             prefetch.discard()  # sockets the prefetch connected that no stream took
         if self._session is not None:
             await self._session.close()
