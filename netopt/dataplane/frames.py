@@ -111,39 +111,37 @@ class FrameStore:
         chunk_ids: Iterable[str],
         read_chunk: Callable[[str], bytes],
         workers: int,
-        on_done: Callable[[int], None] | None = None,
     ) -> None:
         """Check the frames already stored, then compress the missing ones (blocking,
         ``workers`` threads: zstd releases the GIL). ``read_chunk`` returns a chunk's
-        verified bytes. ``on_done(n)`` is called after each frame. Raises StorageError
-        when the directory cannot be written."""
+        verified bytes. A chunk zstd does not shrink gets an empty ``.raw`` marker
+        instead, so a restart does not compress it again. Raises StorageError when the
+        directory cannot be written, and what ``read_chunk`` raises."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot create frames directory {self.root}: {exc}") from exc
         todo = list(dict.fromkeys(chunk_ids))
-        done = 0
 
         def one(chunk_id: str) -> None:
-            nonlocal done
             path = self.root / chunk_id
-            sizes = self._check(path, chunk_id)
-            raw = False
+            marker = self.root / f"{chunk_id}.raw"
+            raw = marker.exists()
+            if raw:
+                length = len(read_chunk(chunk_id))
+                sizes = (length, length)
+            else:
+                sizes = self._check(path, chunk_id)
             if sizes is None:
                 data = read_chunk(chunk_id)
                 frame = zstandard.ZstdCompressor(level=self.level).compress(data)
                 raw = len(frame) >= len(data)
-                if not raw:
-                    atomic_write_bytes(path, frame)
-                sizes = (len(data) if raw else len(frame), len(data))
+                atomic_write_bytes(marker if raw else path, b"" if raw else frame)
+                sizes = (len(data), len(data)) if raw else (len(frame), len(data))
             with self._lock:
                 if raw:
                     self._raw.add(chunk_id)
                 self._ready[chunk_id] = sizes
-                done += 1
-                count = done
-            if on_done is not None:
-                on_done(count)
 
         with ThreadPoolExecutor(max(1, workers), thread_name_prefix="netopt-frames") as pool:
             for future in [pool.submit(one, chunk_id) for chunk_id in todo]:

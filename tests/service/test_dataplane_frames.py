@@ -77,6 +77,23 @@ def test_build_stores_a_checked_frame_per_compressible_chunk(tmp_path: Path) -> 
         assert frame is not None
         assert blake3.blake3(zstandard.ZstdDecompressor().decompress(frame)).hexdigest() == cid
     assert store.ratio() > 1.2
+    # Incompressible chunks are remembered as such: a restart does not compress them again.
+    assert {p.name for p in store.root.glob("*.raw")} == {f"{cid}.raw" for cid in raw}
+    again = _with_frames(tmp_path / "src", tmp_path / "frames")
+    assert again.frames is not None
+    compressed: list[int] = []
+    real = zstandard.ZstdCompressor.compress
+
+    def counting(self: zstandard.ZstdCompressor, data: bytes) -> bytes:
+        compressed.append(len(data))
+        return real(self, data)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zstandard.ZstdCompressor, "compress", counting)
+        again.frames.build(list(again.index), again.read_chunk, workers=2)
+    assert compressed == []
+    assert again.frames.complete
+    assert all(again.frames.is_raw(cid) for cid in raw)
 
 
 def test_bad_frames_are_found_at_start_and_when_served(tmp_path: Path) -> None:
