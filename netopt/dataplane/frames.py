@@ -127,6 +127,7 @@ class FrameStore:
             path = self.root / chunk_id
             marker = self.root / f"{chunk_id}.raw"
             raw = marker.exists()
+            sizes: tuple[int, int] | None
             if raw:
                 length = len(read_chunk(chunk_id))
                 sizes = (length, length)
