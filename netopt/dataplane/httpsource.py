@@ -25,14 +25,11 @@ import aiohttp
 from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
-    FRAME_HEADER,
     Codec,
     RawChunk,
-    max_frame_bytes,
-    parse_frame_header,
 )
 from netopt.dataplane.sockets import set_congestion_control
-from netopt.dataplane.streaming import HttpChunkStream
+from netopt.dataplane.streaming import HttpChunkStream, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
@@ -252,19 +249,10 @@ class HttpChunkSource:
             async with session.post(self.url.base + path, params=params, json=body) as resp:
                 await self._check_status(resp, where)
                 for i, (expected_id, length) in enumerate(wanted):
-                    header = await self._read_exactly(resp, FRAME_HEADER.size)
+                    raw = await read_frame(resp, self._read_exactly, expected_id, length, where)
                     if i == 0:
-                        trace.mark("first_byte")
-                        trace.add_seconds("request_to_first_frame", time.monotonic() - asked_s)
-                    try:
-                        chunk_id, codec, payload_bytes = parse_frame_header(header)
-                    except ValueError as exc:
-                        raise ProtocolError(f"{where}: bad frame header: {exc}") from exc
-                    if chunk_id != expected_id or payload_bytes > max_frame_bytes(length):
-                        raise ProtocolError(f"{where}: unexpected frame for {expected_id[:16]}")
-                    payload = await self._read_exactly(resp, payload_bytes)
-                    trace.mark_last("last_byte")
-                    yield RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
+                        trace.add_seconds("request_to_first_chunk", time.monotonic() - asked_s)
+                    yield raw
         except asyncio.IncompleteReadError as exc:
             raise NetworkError(f"{where}: the stream ended early") from exc
         except aiohttp.ClientConnectorError as exc:

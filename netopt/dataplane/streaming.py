@@ -20,7 +20,7 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import FRAME_HEADER, RawChunk, max_frame_bytes, parse_frame_header
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError
 
-__all__ = ["ChunkStream", "HttpChunkStream", "StreamingSource", "map_errors"]
+__all__ = ["ChunkStream", "HttpChunkStream", "StreamingSource", "map_errors", "read_frame"]
 
 
 class ChunkStream(Protocol):
@@ -113,17 +113,9 @@ class HttpChunkStream:
                 self._ctx = self._session.post(self._url, params=self._params, data=self._body())
                 self._resp = await self._ctx.__aenter__()
                 await self._check_status(self._resp, self._where)
-            header = await self._read_exactly(self._resp, FRAME_HEADER.size)
-            trace.mark("first_byte")
-            try:
-                got_id, codec, payload_bytes = parse_frame_header(header)
-            except ValueError as exc:
-                raise ProtocolError(f"{self._where}: bad frame header: {exc}") from exc
-            if got_id != chunk_id or payload_bytes > max_frame_bytes(length_bytes):
-                raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
-            payload = await self._read_exactly(self._resp, payload_bytes)
-            trace.mark_last("last_byte")
-            return RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
+            return await read_frame(
+                self._resp, self._read_exactly, chunk_id, length_bytes, self._where
+            )
         except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
             self._broken = True
             raise map_errors(exc, self._where, self._unreachable) from exc
@@ -149,6 +141,29 @@ class HttpChunkStream:
             if self._broken:
                 resp.close()
             await ctx.__aexit__(None, None, None)
+
+
+async def read_frame(
+    resp: aiohttp.ClientResponse,
+    read_exactly: Callable[[aiohttp.ClientResponse, int], Awaitable[bytes]],
+    chunk_id: str,
+    length_bytes: int,
+    where: str,
+) -> RawChunk:
+    """Read the next frame of a batch or stream response, which must be ``chunk_id``'s
+    (``length_bytes`` long before compression). Raises ProtocolError for a bad or
+    unexpected frame, and what ``read_exactly`` raises."""
+    header = await read_exactly(resp, FRAME_HEADER.size)
+    trace.mark("first_byte")
+    try:
+        got_id, codec, payload_bytes = parse_frame_header(header)
+    except ValueError as exc:
+        raise ProtocolError(f"{where}: bad frame header: {exc}") from exc
+    if got_id != chunk_id or payload_bytes > max_frame_bytes(length_bytes):
+        raise ProtocolError(f"{where}: unexpected frame for {chunk_id[:16]}")
+    payload = await read_exactly(resp, payload_bytes)
+    trace.mark_last("last_byte")
+    return RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
 
 
 def map_errors(exc: BaseException, where: str, unreachable: str) -> BaseException:
