@@ -16,6 +16,7 @@ edge where they enter netopt, so callers catch netopt's errors only.
     │   └── ProtocolError            the peer spoke, but not what we expected
     ├── AuthenticationError          a token or HMAC tag was refused
     ├── IntegrityError               data failed its hash check
+    ├── DatasetChangedError          the origin published a new version during a sync
     ├── ResidencyError               exit code 2: a dataset may not be placed in this region
     ├── StorageError                 a disk operation failed (full disk, I/O error)
     └── LabError                     building or driving the emulated lab failed
@@ -29,6 +30,7 @@ __all__ = [
     "EXIT_USAGE",
     "AuthenticationError",
     "ConfigError",
+    "DatasetChangedError",
     "DependencyError",
     "IntegrityError",
     "LabError",
@@ -145,6 +147,11 @@ class AuthenticationError(NetoptError):
 
 class IntegrityError(NetoptError):
     """Data did not match its content hash."""
+
+
+class DatasetChangedError(NetoptError):
+    """The origin's files changed while a sync was fetching them: the version the sync
+    started on is gone. Not retried as it is: the sync starts again on the new version."""
 
 
 class ResidencyError(NetoptError):

@@ -34,7 +34,7 @@ from netopt.dataplane.httpsource import (
     parse_dataset_url,
 )
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
-from netopt.errors import StorageError, ValidationError
+from netopt.errors import DatasetChangedError, IntegrityError, StorageError, ValidationError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile, TransferPlan
 from netopt.transfer.profile import load_cpu_profile
@@ -138,7 +138,10 @@ class LocalChunkSource:
         return self.dataset.manifest
 
     async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
-        data = await asyncio.to_thread(self.dataset.read_chunk, chunk_id)
+        try:
+            data = await asyncio.to_thread(self.dataset.read_chunk, chunk_id)
+        except IntegrityError as exc:
+            raise DatasetChangedError(f"SOURCE changed during the sync: {exc}") from exc
         return RawChunk(data, "identity", len(data))
 
     async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
@@ -157,6 +160,9 @@ async def _open_served(
         cpu = await asyncio.to_thread(load_cpu_profile)
     trace.mark("cpu_profile")
     info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+    if info.manifest_id != manifest.manifest_id:
+        # The two were answered by different versions: the files changed in between.
+        raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
     overhead_bytes = source.meta_wire_bytes
     plan = plan_for(info, None, cpu, rate_bps=opts.link_rate_bps, loss_ratio=opts.link_loss_ratio)
     streams = opts.streams or plan.streams

@@ -23,10 +23,10 @@ from netopt.cache.sources import OpenedSource, SourceOptions, open_source, sourc
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
-from netopt.dataplane.httpsource import ClientOptions
+from netopt.dataplane.httpsource import ClientOptions, HttpChunkSource
 from netopt.dataplane.sync import sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
-from netopt.errors import NetoptError, StorageError
+from netopt.errors import DatasetChangedError, NetoptError, StorageError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import TransferPlan
 
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from netopt.cache.shared import RegionSharing, SharedChunkSource, SharingOptions
 
 log = logging.getLogger(__name__)
+
+MAX_VERSION_RESTARTS = 3
+"""Times a sync starts again on a new version of a changing origin before it gives up."""
 
 __all__ = [
     "CacheSink",
@@ -184,6 +187,8 @@ class SyncReport:
     transfer_plan: TransferPlan | None = None
     evicted_chunks: int = 0
     sharing: dict[str, Any] | None = None
+    version_restarts: int = 0
+    """Times the sync started again because the origin published a new version."""
 
     @property
     def wire_bytes(self) -> int:
@@ -212,6 +217,7 @@ class SyncReport:
             "compression_ratio": round(s.compression_ratio, 3) if s else 1.0,
             "goodput_mbps": round(s.goodput_bps / 1e6, 2) if s else 0.0,
             "evicted_chunks": self.evicted_chunks,
+            "version_restarts": self.version_restarts,
             "seconds": round(self.seconds, 3),
             "throughput_mbps": round(written * 8 / self.seconds / 1e6, 2) if self.seconds else 0.0,
             "plan": self.plan.to_dict(),
@@ -303,6 +309,12 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     StorageError for a full disk or a cache too small for the dataset. A sync
     killed at any point leaves the cache consistent; the next one fetches only
     the chunks not yet cached.
+
+    When the origin publishes a new version during the sync (its files changed),
+    the sync starts again on that version, keeping every chunk it already has, up
+    to `MAX_VERSION_RESTARTS` times; then DatasetChangedError. A sync from a
+    ``netopt serve`` origin reports success only if the version it wrote is still
+    the origin's current one when it ends.
     """
     started_s = time.monotonic()
     name = source_name(req.source, req.source_options.name)
@@ -311,6 +323,25 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     source_options = req.source_options
     if source_options.state_dir is None:
         source_options = replace(source_options, state_dir=str(Path(req.cache_dir) / "sources"))
+    for restart in range(MAX_VERSION_RESTARTS + 1):
+        try:
+            report = await _run_sync_once(req, source_options, on_progress)
+        except DatasetChangedError as exc:
+            if restart == MAX_VERSION_RESTARTS:
+                raise DatasetChangedError(
+                    f"{exc}; the dataset changed {restart + 1} times during the sync, "
+                    "re-run it once the origin's files stop changing"
+                ) from exc
+            log.warning("%s: starting again on the new version", exc)
+            continue
+        return replace(report, seconds=time.monotonic() - started_s, version_restarts=restart)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _run_sync_once(
+    req: SyncRequest, source_options: SourceOptions, on_progress: ProgressCallback | None
+) -> SyncReport:
+    """One pass of `run_sync` on the version the source offers now."""
     async with open_source(req.source, source_options) as opened:
         cache = await asyncio.to_thread(Cache.open, req.cache_dir, req.capacity_bytes)
         try:
@@ -322,6 +353,7 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
             if not req.dry_run:
                 await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
                 summary, evicted, shared = await _sync_into_cache(req, opened, cache, on_progress)
+                await _check_still_current(opened)
         except BaseException:
             # Keep the first error (a full disk also fails the index write).
             with contextlib.suppress(StorageError):
@@ -334,13 +366,24 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
         manifest_id=opened.manifest.manifest_id,
         plan=plan,
         dry_run=req.dry_run,
-        seconds=time.monotonic() - started_s,
+        seconds=0.0,
         overhead_bytes=opened.overhead_bytes,
         summary=summary,
         transfer_plan=opened.plan,
         evicted_chunks=evicted,
         sharing=shared,
     )
+
+
+async def _check_still_current(opened: OpenedSource) -> None:
+    """DatasetChangedError when a served origin moved on while DEST was being written
+    (DEST then holds the older version whole; the restart brings the delta)."""
+    source = opened.source
+    if not isinstance(source, HttpChunkSource):
+        return
+    info = await source.fetch_info()
+    if info.manifest_id != opened.manifest.manifest_id:
+        raise DatasetChangedError(f"{source.url}: the dataset changed while it was being synced")
 
 
 def default_cache_dir() -> str:

@@ -60,26 +60,28 @@ async def run_serve(
     """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM; with
     ``precompress_level``, compress every chunk once at that level meanwhile."""
     from netopt.dataplane.frames import FrameStore, frames_dir_for
-    from netopt.dataplane.served import load_dataset
+    from netopt.dataplane.origin import LiveDataset
     from netopt.dataplane.server import create_app, start_server
     from netopt.transfer.profile import load_cpu_profile
 
-    dataset = await asyncio.to_thread(load_dataset, directory, name, avg_chunk_bytes)
+    live = await asyncio.to_thread(LiveDataset.load, directory, name, avg_chunk_bytes)
     store: FrameStore | None = None
     if precompress_level is not None:
         base = Path(frames_dir or Path.home() / ".cache" / "netopt" / "frames")
-        where = frames_dir_for(base, name, dataset.manifest.manifest_id, precompress_level)
-        store = FrameStore(where, precompress_level, len(dataset.index))
-        dataset = dataclasses.replace(dataset, frames=store)
+        where = frames_dir_for(base, name, live.manifest.manifest_id, precompress_level)
+        store = FrameStore(where, precompress_level, len(live.index))
+        live.with_frames(store)
+    dataset = live.current
     cpu = await asyncio.to_thread(load_cpu_profile, codec_cache)
     # Clients plan with the cores this server will actually compress on.
     cpu = dataclasses.replace(cpu, cores=settings.worker_threads)
-    app = create_app(settings, {name: dataset}, cpu)
+    app = create_app(settings, {name: live}, cpu)
     runner, bound = await start_server(app, host, port)
     shown = f"[{host}]" if ":" in host else host
     console.print(
         f"serving netopt://{shown}:{bound}/{name} ({len(dataset.manifest.files)} files, "
-        f"{dataset.manifest.total_bytes} bytes, {len(dataset.index)} chunks)"
+        f"{dataset.manifest.total_bytes} bytes, {len(dataset.index)} chunks; "
+        f"changes noticed by {live.watching})"
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -95,6 +97,7 @@ async def run_serve(
         if building is not None:
             building.cancel()
         await runner.cleanup()
+        live.close()
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import os
 from collections import Counter, deque
@@ -24,8 +25,9 @@ from aiohttp import web
 from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
 from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
+from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
-from netopt.errors import IntegrityError, NetoptError, StorageError
+from netopt.errors import DatasetChangedError, IntegrityError, NetoptError, StorageError
 from netopt.transfer.manifest import CHUNK_ID_RE, manifest_to_dict
 from netopt.transfer.planner import CpuProfile
 from netopt.transfer.profile import cpu_profile_to_dict
@@ -100,7 +102,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def _dataset(request: web.Request) -> DatasetView:
+def _lookup(request: web.Request) -> DatasetView:
     name = request.match_info["name"]
     if not DATASET_NAME_RE.match(name) or ".." in name:
         raise web.HTTPBadRequest(text=f"bad dataset name {name!r}")
@@ -110,12 +112,57 @@ def _dataset(request: web.Request) -> DatasetView:
     return found
 
 
+def _dataset(request: web.Request) -> DatasetView:
+    """The dataset named in the request, as its current version (for chunk routes)."""
+    found = _lookup(request)
+    return found.current if isinstance(found, LiveDataset) else found
+
+
+async def _fresh_dataset(request: web.Request) -> DatasetView:
+    """The dataset brought up to date with its files first (for info and manifest)."""
+    found = _lookup(request)
+    if not isinstance(found, LiveDataset):
+        return found
+    loop = asyncio.get_running_loop()
+    executor = request.app[EXECUTOR]
+    try:
+        return await found.fresh(lambda refresh: loop.run_in_executor(executor, refresh))
+    except StorageError as exc:
+        raise web.HTTPServiceUnavailable(
+            text=json.dumps(exc.to_dict()), content_type="application/json"
+        ) from None
+
+
+def _gone(chunk_id: str) -> web.HTTPGone:
+    exc = DatasetChangedError(
+        f"chunk {chunk_id[:16]} is no longer in the dataset: its files changed; "
+        "fetch the info and manifest again"
+    )
+    return web.HTTPGone(text=json.dumps(exc.to_dict()), content_type="application/json")
+
+
+def _stale_read(request: web.Request) -> None:
+    """A chunk no longer matches its file: publish the new version in the background,
+    so the client's next request learns that its chunk is gone (410)."""
+    found = _lookup(request)
+    if isinstance(found, LiveDataset):
+        loop = asyncio.get_running_loop()
+        executor = request.app[EXECUTOR]
+        task = loop.create_task(found.fresh(lambda fn: loop.run_in_executor(executor, fn)))
+        task.add_done_callback(_log_refresh_failure)
+
+
+def _log_refresh_failure(task: asyncio.Task[ServedDataset]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("publishing the changed dataset failed: %s", task.exception())
+
+
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
 async def dataset_info(request: web.Request) -> web.Response:
-    ds = _dataset(request)
+    ds = await _fresh_dataset(request)
     sample = dict(ds.sample.ratio_by_level)
     cpu = request.app[CPU]
     frames = ds.frames if isinstance(ds, ServedDataset) else None
@@ -149,7 +196,8 @@ async def dataset_info(request: web.Request) -> web.Response:
 
 
 async def dataset_manifest(request: web.Request) -> web.Response:
-    return web.json_response(manifest_to_dict(_dataset(request).manifest))
+    ds = await _fresh_dataset(request)
+    return web.json_response(manifest_to_dict(ds.manifest))
 
 
 def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:
@@ -179,6 +227,8 @@ def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
     if not isinstance(chunk_id, str) or not CHUNK_ID_RE.match(chunk_id):
         raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits")
     if chunk_id not in ds.index:
+        if isinstance(ds, ServedDataset) and ds.versioned:
+            raise _gone(chunk_id)
         raise web.HTTPNotFound(text="no such chunk in this dataset")
     return chunk_id
 
@@ -224,6 +274,8 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     except (StorageError, IntegrityError) as exc:
         # Cut the stream: the client keeps the whole frames it got and asks again.
         log.warning("batch stopped at chunk %s: %s", chunk_id[:16], exc)
+        if isinstance(exc, IntegrityError):
+            _stale_read(request)
         if request.transport is not None:
             request.transport.close()
         return resp
@@ -297,6 +349,8 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
             stats.payload_bytes_sent += len(payload)
     except (StorageError, IntegrityError, web.HTTPException) as exc:
         log.warning("stream stopped at chunk %s: %s", chunk_id[:16], exc)
+        if isinstance(exc, IntegrityError):
+            _stale_read(request)
         if request.transport is not None:
             request.transport.close()
         return resp
@@ -337,7 +391,22 @@ async def dataset_chunk(request: web.Request) -> web.Response:
         payload, codec = await loop.run_in_executor(
             request.app[EXECUTOR], _read_and_encode, ds, chunk_id, level
         )
-    except (StorageError, IntegrityError) as exc:
+    except IntegrityError as exc:
+        found = _lookup(request)
+        if not isinstance(found, LiveDataset):
+            log.warning("chunk %s: %s", chunk_id[:16], exc)
+            return _error(500, exc)
+        # The file changed since the last version: publish the new one; the chunk is
+        # gone (410) unless the new version still holds it elsewhere.
+        ds = await _fresh_dataset(request)
+        chunk_id = _chunk_name(ds, chunk_id)
+        try:
+            payload, codec = await loop.run_in_executor(
+                request.app[EXECUTOR], _read_and_encode, ds, chunk_id, level
+            )
+        except (StorageError, IntegrityError):
+            raise _gone(chunk_id) from None
+    except StorageError as exc:
         log.warning("chunk %s: %s", chunk_id[:16], exc)
         return _error(500, exc)
     stats.payload_bytes_sent += len(payload)

@@ -33,6 +33,7 @@ from netopt.dataplane.streaming import HttpChunkStream, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
+    DatasetChangedError,
     NetworkError,
     PeerUnreachableError,
     ProtocolError,
@@ -213,6 +214,8 @@ class HttpChunkSource:
     async def _check_status(self, resp: aiohttp.ClientResponse, where: str) -> None:
         if resp.status in (401, 403):
             raise AuthenticationError(f"{self.url}: the server refused the token")
+        if resp.status == 410:
+            raise DatasetChangedError(f"{self.url}: the dataset changed on the server ({where})")
         if resp.status in (400, 404):
             text = (await resp.text())[:200]
             raise ValidationError(f"{where}: {resp.status} {text}")

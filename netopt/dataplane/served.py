@@ -26,7 +26,7 @@ from netopt.transfer.profile import sample_files
 if TYPE_CHECKING:
     from netopt.dataplane.frames import FrameStore
 
-__all__ = ["DatasetView", "ServedDataset", "load_dataset"]
+__all__ = ["DatasetView", "ServedDataset", "index_chunks", "load_dataset"]
 
 
 class DatasetView(Protocol):
@@ -56,6 +56,9 @@ class ServedDataset:
     sample: SampleProfile
     frames: FrameStore | None = None
     """Chunks precompressed at a high level (``netopt serve --precompress``), if any."""
+    versioned: bool = False
+    """Whether the files may change under it (`netopt.dataplane.origin.LiveDataset`): a
+    chunk not in the index then belonged to an older version (410), not to no version."""
 
     def read_chunk(self, chunk_id: str) -> bytes:
         """Read and verify one chunk (blocking). Raises KeyError, StorageError, IntegrityError."""
@@ -71,16 +74,22 @@ class ServedDataset:
         return data
 
 
+def index_chunks(manifest: Manifest) -> dict[str, tuple[str, int, int]]:
+    """Where each chunk of ``manifest`` lies: name -> (path, offset, length), first use."""
+    index: dict[str, tuple[str, int, int]] = {}
+    for entry in manifest.files:
+        for ref in entry.chunks:
+            index.setdefault(ref.chunk_id, (entry.path, ref.offset_bytes, ref.length_bytes))
+    return index
+
+
 def load_dataset(root: str | os.PathLike[str], name: str, avg_chunk_bytes: int) -> ServedDataset:
     """Chunk ``root`` into a manifest, index its chunks and sample its compressibility."""
     if not DATASET_NAME_RE.match(name) or ".." in name:
         raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
     base = Path(root).resolve()
     manifest = build_manifest(base, name, avg_chunk_bytes)
-    index: dict[str, tuple[str, int, int]] = {}
-    for entry in manifest.files:
-        for ref in entry.chunks:
-            index.setdefault(ref.chunk_id, (entry.path, ref.offset_bytes, ref.length_bytes))
+    index = index_chunks(manifest)
     files = [base / f.path for f in manifest.files if f.size_bytes > 0]
     sample = sample_files(files) if files else SampleProfile({}, 0)
     return ServedDataset(manifest, base, index, sample)
