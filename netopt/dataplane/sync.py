@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.dataplane import trace
-from netopt.dataplane.assemble import FileAssembler, scan_destination
+from netopt.dataplane.assemble import FileAssembler, OpenFiles, scan_destination
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
 from netopt.dataplane.held import HeldSink
 from netopt.dataplane.streamwork import stream_worker
@@ -108,9 +108,17 @@ async def sync_manifest(
         run.queue.extend(order[start:] + order[:start])
         run.queued_bytes = sum(run.lengths[cid] for cid in missing)
         available = set(reused)
+        open_files = OpenFiles()
         assemblers = [
             FileAssembler(
-                entry, target, held, available, run.in_thread, run.fetch_verified, run.file_done
+                entry,
+                target,
+                held,
+                available,
+                run.in_thread,
+                run.fetch_verified,
+                run.file_done,
+                open_files,
             )
             for entry, target in pending
         ]
