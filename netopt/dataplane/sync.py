@@ -109,6 +109,14 @@ async def sync_manifest(
         run.queued_bytes = sum(run.lengths[cid] for cid in missing)
         available = set(reused)
         open_files = OpenFiles()
+        refetched: list[str] = []
+
+        async def refetch(chunk_id: str) -> bytes:
+            # The sink lost the chunk or it no longer verifies: this fetch counts too.
+            data = await run.fetch_verified(chunk_id)
+            refetched.append(chunk_id)
+            return data
+
         assemblers = [
             FileAssembler(
                 entry,
@@ -116,7 +124,7 @@ async def sync_manifest(
                 held,
                 available,
                 run.in_thread,
-                run.fetch_verified,
+                refetch,
                 run.file_done,
                 open_files,
             )
@@ -163,7 +171,7 @@ async def sync_manifest(
         files=len(manifest.files),
         files_written=run.files_written,
         files_skipped=skipped,
-        chunks_fetched=run.chunks_done,
+        chunks_fetched=run.chunks_done + len(refetched),
         chunks_reused=len(reused),
         chunk_retries=run.retries,
         wire_bytes=run.wire_bytes,
