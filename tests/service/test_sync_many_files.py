@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "many-files-token-0123456789abcdef"
-FILES = int(os.environ.get("NETOPT_TEST_MANY_FILES", "12000"))
+FILES = int(os.environ.get("NETOPT_TEST_MANY_FILES", "8000"))
 """How many files; the default keeps the test near a minute on a 2-core machine."""
 OPEN_FILES_LIMIT = 256
 
