@@ -23,8 +23,8 @@ from pathlib import Path
 
 import blake3
 
-from netopt.config.common import DATASET_NAME_RE
 from netopt.errors import IntegrityError, StorageError
+from netopt.names import is_dataset_name
 from netopt.transfer.manifest import CHUNK_ID_RE, Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
 from netopt.transfer.profile import cpu_profile_from_dict, default_codec_cache_path, sample_bytes
@@ -109,7 +109,7 @@ class CachedDatasets(Mapping[str, CachedDataset]):
         return sample_bytes(pieces) if pieces else SampleProfile({}, 0)
 
     def __getitem__(self, name: str) -> CachedDataset:
-        if not DATASET_NAME_RE.fullmatch(name) or ".." in name:
+        if not is_dataset_name(name):
             raise KeyError(name)
         versions = self._versions(name)
         if not versions:
@@ -128,7 +128,7 @@ class CachedDatasets(Mapping[str, CachedDataset]):
             names = sorted(p.name for p in (self.root / "manifests").iterdir() if p.is_dir())
         except OSError:
             return iter(())
-        return iter(n for n in names if DATASET_NAME_RE.fullmatch(n))
+        return iter(n for n in names if is_dataset_name(n))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

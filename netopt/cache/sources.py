@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from netopt.cache.s3 import S3Options
-from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.client import MAX_CONNECTIONS, fetch_info_and_manifest, plan_for
@@ -35,6 +34,7 @@ from netopt.dataplane.httpsource import (
 )
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.errors import DatasetChangedError, IntegrityError, StorageError, ValidationError
+from netopt.names import is_dataset_name
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile, TransferPlan
 from netopt.transfer.profile import load_cpu_profile
@@ -123,7 +123,7 @@ def source_name(spec: str, name: str | None = None) -> str:
             name = match.group(4)
         else:
             name = spec.rstrip("/").rsplit("/", 1)[-1] or "dataset"
-    if not DATASET_NAME_RE.match(name) or ".." in name:
+    if not is_dataset_name(name):
         raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
     return name
 

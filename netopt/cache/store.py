@@ -37,6 +37,7 @@ from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, rec
 from netopt.dataplane import trace
 from netopt.errors import IntegrityError, StorageError, ValidationError
 from netopt.fsutil import atomic_write_bytes, fsync_dir
+from netopt.names import is_dataset_name, is_hash_id, validate_dataset_name, validate_hash_id
 from netopt.transfer.manifest import (
     CHUNK_ID_RE,
     Manifest,
@@ -177,13 +178,21 @@ class Cache:
         self.tick = int(data.get("tick", 0))
         self.pins = {str(p) for p in data.get("pins", [])}
         for name, mid in dict(data.get("datasets", {})).items():
-            if self._manifest_path(str(name), str(mid)).is_file():
-                self.datasets[str(name)] = str(mid)
+            # An index written before names were checked may hold a path: forget it.
+            if not (is_dataset_name(name) and is_hash_id(mid)):
+                log.warning("cache index %s: ignoring dataset %r (not a dataset name)", path, name)
+            elif self._manifest_path(name, mid).is_file():
+                self.datasets[name] = mid
         for name_dir in self.manifests_dir.iterdir():
-            if name_dir.name not in self.datasets and name_dir.is_dir():
-                versions = sorted(name_dir.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-                if versions:
-                    self.datasets[name_dir.name] = versions[-1].stem
+            name = name_dir.name
+            if name in self.datasets or not is_dataset_name(name) or not name_dir.is_dir():
+                continue
+            versions = sorted(
+                (p for p in name_dir.glob("*.json") if is_hash_id(p.stem)),
+                key=lambda p: p.stat().st_mtime_ns,
+            )
+            if versions:
+                self.datasets[name] = versions[-1].stem
         for cid, (count, tick) in dict(data.get("access", {})).items():
             if cid in self.sizes_bytes:
                 self.access[cid] = ChunkAccess(int(count), int(tick))
@@ -324,6 +333,9 @@ class Cache:
     # -- manifests and pins ----------------------------------------------------------------
 
     def _manifest_path(self, name: str, manifest_id: str) -> Path:
+        """``manifests/NAME/ID.json``; PathTraversalError unless both are checked names."""
+        validate_dataset_name(name)
+        validate_hash_id(manifest_id, "manifest id")
         return self.manifests_dir / name / f"{manifest_id}.json"
 
     def add_manifest(self, manifest: Manifest) -> str:
@@ -351,8 +363,9 @@ class Cache:
             raise StorageError(f"cannot read manifest {name}/{mid[:16]}: {exc}") from exc
 
     def versions(self, name: str) -> list[str]:
-        """The stored manifest ids of a dataset."""
-        return sorted(p.stem for p in (self.manifests_dir / name).glob("*.json"))
+        """The stored manifest ids of a dataset (PathTraversalError for a bad name)."""
+        found = (self.manifests_dir / validate_dataset_name(name)).glob("*.json")
+        return sorted(p.stem for p in found if is_hash_id(p.stem))
 
     def pin(self, name: str) -> None:
         """Keep a dataset's current version from eviction. ValidationError if unknown."""

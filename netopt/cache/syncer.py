@@ -142,8 +142,15 @@ def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     if not dest.is_dir():
         return out
+    dest_real = dest.resolve()
+    inside: dict[Path, bool] = {}
     for entry in manifest.files:
         target = dest / entry.path
+        if target.parent not in inside:
+            real = target.parent.resolve()
+            inside[target.parent] = real == dest_real or dest_real in real.parents
+        if not inside[target.parent]:
+            continue  # a symlink in DEST leads outside: touch nothing there (the sync refuses it)
         try:
             for stale in target.parent.glob(f".{target.name}.*.netopt-tmp"):
                 stale.unlink(missing_ok=True)

@@ -15,12 +15,17 @@ __all__ = ["VerifyReport", "repair_from", "scan_chunks", "verify_cache"]
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """What verify found: corrupt chunks are removed; missing ones are used by a dataset."""
+    """What verify found: corrupt chunks are removed; missing ones are used by a dataset.
+
+    ``errors``: what stopped verify short of its job (a full disk during a repair, an
+    index or manifest it could not read or write); what it found is reported anyway.
+    """
 
     checked: int
     corrupt: tuple[str, ...]
     missing: tuple[str, ...]
     repaired: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
 
     @property
     def unrepaired(self) -> tuple[str, ...]:
@@ -36,7 +41,8 @@ class VerifyReport:
             "missing": list(self.missing),
             "repaired": list(self.repaired),
             "unrepaired": list(self.unrepaired),
-            "ok": not self.unrepaired,
+            "errors": list(self.errors),
+            "ok": not self.unrepaired and not self.errors,
         }
 
 
@@ -56,13 +62,13 @@ def scan_chunks(cache: Cache) -> tuple[int, list[str]]:
 
 
 async def repair_from(
-    cache: Cache, source: str, wanted: dict[str, int], opts: SourceOptions
-) -> list[str]:
-    """Fetch ``wanted`` chunks (name -> length) from SOURCE, verify and store them.
+    cache: Cache, source: str, wanted: dict[str, int], opts: SourceOptions, repaired: list[str]
+) -> None:
+    """Fetch ``wanted`` chunks (name -> length) from SOURCE, verify and store them,
+    appending each stored one to ``repaired`` (so it holds them when an error stops it).
 
     Chunks the source does not hold are skipped; StorageError / NetworkError propagate.
     """
-    repaired: list[str] = []
     async with open_source(source, opts) as opened:
         offered = opened.manifest.unique_chunks()
         for cid, length in sorted(wanted.items()):
@@ -75,7 +81,6 @@ async def repair_from(
                 continue
             await asyncio.to_thread(cache.put, cid, data)
             repaired.append(cid)
-    return repaired
 
 
 async def verify_cache(
@@ -83,25 +88,42 @@ async def verify_cache(
 ) -> VerifyReport:
     """Check every chunk; with ``source``, fetch the corrupt and missing ones again.
 
-    Raises StorageError when the cache cannot be read.
+    A repair that fails (a full disk, the source gone) ends the repairs and is listed
+    in the report's ``errors``. Raises StorageError when a chunk cannot be read.
     """
     checked, corrupt = await asyncio.to_thread(scan_chunks, cache)
+    errors: list[str] = []
     try:
         needed = await asyncio.to_thread(cache.referenced)
-    except StorageError:
+    except StorageError as exc:
         needed = {}
+        errors.append(f"cannot tell which chunks the datasets need: {exc}")
     missing = sorted(c for c in needed if not cache.has(c) and c not in corrupt)
     repaired: list[str] = []
     if source is not None:
         wanted = {c: needed[c] for c in [*corrupt, *missing] if c in needed}
-        base = opts or SourceOptions()
-        # A directory is chunked here: cut it as each cached dataset was cut.
-        sizes = {base.avg_chunk_bytes}
-        if source_kind(source) == "path":
-            sizes = {cache.manifest(name).avg_chunk_bytes for name in list(cache.datasets)}
-        for avg_chunk_bytes in sorted(sizes):
-            left = {c: n for c, n in wanted.items() if c not in repaired}
-            if left:
-                chunked = replace(base, avg_chunk_bytes=avg_chunk_bytes)
-                repaired += await repair_from(cache, source, left, chunked)
-    return VerifyReport(checked, tuple(corrupt), tuple(missing), tuple(repaired))
+        try:
+            await _repair(cache, source, opts, wanted, repaired)
+        except (StorageError, NetworkError) as exc:
+            errors.append(f"repair stopped: {exc}")
+    return VerifyReport(checked, tuple(corrupt), tuple(missing), tuple(repaired), tuple(errors))
+
+
+async def _repair(
+    cache: Cache,
+    source: str,
+    opts: SourceOptions | None,
+    wanted: dict[str, int],
+    repaired: list[str],
+) -> None:
+    """Repair ``wanted`` from SOURCE into ``repaired``; a directory is chunked as each
+    cached dataset was cut."""
+    base = opts or SourceOptions()
+    sizes = {base.avg_chunk_bytes}
+    if source_kind(source) == "path":
+        sizes = {cache.manifest(name).avg_chunk_bytes for name in list(cache.datasets)}
+    for avg_chunk_bytes in sorted(sizes):
+        left = {c: n for c, n in wanted.items() if c not in repaired}
+        if left:
+            chunked = replace(base, avg_chunk_bytes=avg_chunk_bytes)
+            await repair_from(cache, source, left, chunked, repaired)

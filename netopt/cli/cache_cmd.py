@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import click
@@ -13,11 +14,11 @@ from netopt.cache.sources import SourceOptions
 from netopt.cache.store import Cache
 from netopt.cache.syncer import default_cache_dir
 from netopt.cache.verify import verify_cache
-from netopt.cli.output import console, print_json, print_table
+from netopt.cli.output import console, err_console, print_json, print_table
 from netopt.config import cli_token, load_settings
 from netopt.config.datasets import DatasetsSettings
 from netopt.config.loader import parse_byte_size
-from netopt.errors import EXIT_FAILURE, ValidationError
+from netopt.errors import EXIT_FAILURE, StorageError, ValidationError
 
 __all__ = ["CacheLocation", "cache_group", "cache_listing", "resolve_cache"]
 
@@ -215,13 +216,25 @@ def verify_command(
 ) -> int:
     """Re-hash every chunk; remove corrupt ones and, with --source, fetch them again.
 
-    Exit code 1 when a chunk a dataset needs is corrupt or missing and was not repaired.
+    Exit code 1 when a chunk a dataset needs is corrupt or missing and was not repaired,
+    or when a full disk stopped a repair or the index write (the report says what was found).
     """
     from netopt.dataplane.httpsource import ClientOptions
 
     opts = SourceOptions(client=ClientOptions(token=cli_token(token_file, required=False)))
-    with _open(cache_dir, config_file) as cache:
+    cache = _open(cache_dir, config_file)
+    try:
         report = asyncio.run(verify_cache(cache, source, opts))
+    except BaseException:
+        with contextlib.suppress(StorageError):
+            cache.close()
+        raise
+    try:
+        cache.close()
+    except StorageError as exc:
+        # What verify found stands (corrupt chunks are gone); only the index is stale,
+        # and the next open checks it against the chunk files.
+        report = replace(report, errors=(*report.errors, f"cannot save the index: {exc}"))
     if as_json:
         print_json(report.to_dict())
     else:
@@ -230,4 +243,6 @@ def verify_command(
             f"{len(report.missing)} missing, {len(report.repaired)} repaired, "
             f"{len(report.unrepaired)} still bad"
         )
-    return EXIT_FAILURE if report.unrepaired else 0
+        for error in report.errors:
+            err_console.print(f"error: {error}")
+    return EXIT_FAILURE if report.unrepaired or report.errors else 0

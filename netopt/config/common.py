@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from netopt.config.loader import Invalid, bounded
+from netopt.names import DATASET_NAME_RE, DATASET_NAME_RULE, is_dataset_name
 
 __all__ = [
     "DATASET_NAME_RE",
@@ -16,16 +17,13 @@ __all__ = [
     "check_name",
 ]
 
-NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?$")
+NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?\Z")
 """Node and region names: lowercase host names (letters, digits, '-', '.'), at most 63."""
-
-DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-"""Dataset names: no slashes, no leading dot, so never a path."""
 
 
 def check_name(key: str, value: str, what: str = "name") -> None:
     """Raise Invalid unless ``value`` is a node/region name."""
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise Invalid(
             key,
             f"{what} {value!r} is not allowed",
@@ -35,12 +33,8 @@ def check_name(key: str, value: str, what: str = "name") -> None:
 
 def check_dataset_name(key: str, value: str) -> None:
     """Raise Invalid unless ``value`` is a dataset name (never a path)."""
-    if not DATASET_NAME_RE.match(value) or ".." in value:
-        raise Invalid(
-            key,
-            f"dataset name {value!r} is not allowed",
-            "letters, digits, '.', '_' and '-' (no '/', no '..'), at most 128 characters",
-        )
+    if not is_dataset_name(value):
+        raise Invalid(key, f"dataset name {value!r} is not allowed", DATASET_NAME_RULE)
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from netopt.config.common import DATASET_NAME_RE, NAME_RE
+from netopt.config.common import NAME_RE
 from netopt.coordinator.catalogue import Catalogue, CatalogueError, RouteRequest
 from netopt.coordinator.fields import Reader, RequestInvalid, parse_json_body
 from netopt.coordinator.service import Coordinator, NotFoundError, node_state
+from netopt.names import is_dataset_name
 from netopt.transfer.manifest import CHUNK_ID_RE
 
 __all__ = ["CATALOGUE", "CATALOGUE_ROUTES", "ChunkCatalogue", "parse_route_request"]
@@ -42,7 +43,7 @@ def _indexes(r: Reader, key: str, chunk_count: int) -> tuple[int, ...]:
 
 def parse_route_request(data: object, dataset: str, manifest_id: str) -> RouteRequest:
     """The route call's body; RequestInvalid naming the field for anything malformed."""
-    if not DATASET_NAME_RE.fullmatch(dataset) or ".." in dataset:
+    if not is_dataset_name(dataset):
         raise RequestInvalid("dataset", f"{dataset[:64]!r} is not a dataset name")
     if not CHUNK_ID_RE.fullmatch(manifest_id):
         raise RequestInvalid("manifest_id", "expected 64 lowercase hex digits")

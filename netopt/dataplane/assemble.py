@@ -4,13 +4,21 @@ A `FileAssembler` appends each chunk as soon as it and every chunk before it
 are in the sink, so a large file is mostly written by the time its last chunk
 lands; the remaining work is one fsync and a rename. The file appears under
 its real name only complete, with the manifest's mode and mtime.
+
+A sync may have hundreds of thousands of files pending: a temporary file is
+opened only once its first chunk is there, and an `OpenFiles` budget keeps at
+most `MAX_OPEN_FILES` of them open (a handle between chunks is closed when
+another file needs the slot, and reopened for appending later), so a sync runs
+under ``ulimit -n 256``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Set
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +28,11 @@ from netopt.dataplane.chunkio import ChunkSink
 from netopt.errors import IntegrityError, PathTraversalError, StorageError
 from netopt.transfer.manifest import FileEntry, Manifest
 
-__all__ = ["FileAssembler", "scan_destination"]
+__all__ = ["MAX_OPEN_FILES", "FileAssembler", "OpenFiles", "scan_destination"]
+
+MAX_OPEN_FILES = 64
+"""Temporary files one sync keeps open at once (sockets, cache and chunk files need the rest
+of a 256 descriptor limit)."""
 
 RunInThread = Callable[..., Awaitable[Any]]
 
@@ -57,9 +69,8 @@ def _write(f: IO[bytes], data: bytes) -> None:
         _start_writeback(f.fileno(), offset_bytes, len(data))
 
 
-def _open_tmp(target: Path) -> tuple[Path, IO[bytes]]:
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.netopt-tmp")
-    return tmp, tmp.open("wb")
+def _tmp_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{secrets.token_hex(4)}.netopt-tmp")
 
 
 def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry) -> None:
@@ -80,12 +91,54 @@ def _discard(f: IO[bytes] | None, tmp: Path | None) -> None:
         tmp.unlink(missing_ok=True)
 
 
+class OpenFiles:
+    """The budget of temporary files one sync may hold open: at most ``limit``.
+
+    A file being written holds one of ``limit`` slots (`acquire` / `release`); its
+    handle may stay open after it (it is then *idle*, waiting for its next chunk)
+    only while writers and idle handles together stay within the limit: a writer
+    that needs the room closes the oldest idle handle. A slot is held only while
+    chunks already in the sink are written, never across a fetch, so every waiting
+    file gets one.
+    """
+
+    def __init__(self, limit: int = MAX_OPEN_FILES) -> None:
+        self.limit = max(1, limit)
+        self._slots = asyncio.Semaphore(self.limit)
+        self._writing = 0
+        self._idle: OrderedDict[FileAssembler, None] = OrderedDict()
+        self.most_open = 0
+        """The most handles open at once (writers plus idle), for tests and traces."""
+
+    async def acquire(self, owner: FileAssembler) -> None:
+        """Wait for a slot for ``owner``; close idle handles of others to make room."""
+        await self._slots.acquire()
+        self._writing += 1
+        self._idle.pop(owner, None)
+        while self._idle and self._writing + len(self._idle) > self.limit:
+            victim, _ = self._idle.popitem(last=False)
+            victim.close_idle()
+        self.most_open = max(self.most_open, self._writing + len(self._idle))
+
+    def release(self, owner: FileAssembler, keep_open: bool) -> None:
+        """Give the slot back; ``keep_open``: ``owner``'s handle stays open, idle."""
+        self._writing -= 1
+        if keep_open:
+            self._idle[owner] = None
+        self._slots.release()
+
+    def forget(self, owner: FileAssembler) -> None:
+        """``owner`` closed its handle itself (done or abandoned)."""
+        self._idle.pop(owner, None)
+
+
 class FileAssembler:
     """Builds one file; `poke` it whenever a chunk it may need has been stored.
 
     ``available`` is the live set of chunk names in the sink; ``refetch`` fetches
     and verifies a chunk again when the sink lost it or it no longer verifies;
-    ``on_done(entry)`` runs once the file is in place.
+    ``on_done(entry)`` runs once the file is in place. ``open_files`` is the sync's
+    budget of open temporary files (one of its own when not given).
     """
 
     def __init__(
@@ -97,6 +150,7 @@ class FileAssembler:
         run_in_thread: RunInThread,
         refetch: Callable[[str], Awaitable[bytes]],
         on_done: Callable[[FileEntry], None],
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.entry = entry
         self.target = target
@@ -105,6 +159,7 @@ class FileAssembler:
         self._run = run_in_thread
         self._refetch = refetch
         self._on_done = on_done
+        self._open_files = open_files or OpenFiles()
         self._next = 0
         self._running = False
         self.done = False
@@ -115,16 +170,28 @@ class FileAssembler:
         """The chunk names this file is made of."""
         return {ref.chunk_id for ref in self.entry.chunks}
 
+    def _writable(self) -> bool:
+        chunks = self.entry.chunks
+        return self._next == len(chunks) or chunks[self._next].chunk_id in self.available
+
     def poke(self) -> Coroutine[Any, Any, None] | None:
-        """A coroutine that writes what is writable now, or None if one is already running."""
-        if self._running or self.done:
+        """A coroutine that writes what is writable now; None if one is already running or
+        the next chunk is not in the sink yet."""
+        if self._running or self.done or not self._writable():
             return None
         self._running = True
         return self._advance()
 
+    def close_idle(self) -> None:
+        """Close the handle between chunks (the budget needs the slot); reopened later."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def abandon(self) -> None:
         """Drop the partial temporary file of an unfinished file (the sync stopped)."""
         if not self.done:
+            self._open_files.forget(self)
             _discard(self._file, self._tmp)
             self._file = None
             self._tmp = None
@@ -138,31 +205,54 @@ class FileAssembler:
             await self.sink.put(chunk_id, data)
             return data
 
+    def _open(self) -> IO[bytes]:
+        # Opened on the loop (one quick syscall): a thread could finish opening after a
+        # cancellation and leak the handle.
+        if self._tmp is None:
+            self._tmp = _tmp_name(self.target)
+            self._file = self._tmp.open("wb")
+        else:
+            self._file = self._tmp.open("ab")  # closed between chunks for the budget
+        return self._file
+
     async def _advance(self) -> None:
+        try:
+            await self._open_files.acquire(self)
+            keep_open = False
+            try:
+                keep_open = await self._write_available()
+            finally:
+                self._open_files.release(self, keep_open)
+        finally:
+            self._running = False
+
+    async def _write_available(self) -> bool:
+        """Append the chunks in the sink, finish the file if that was the last; True when
+        the handle stays open for the next chunk."""
         chunks = self.entry.chunks
         try:
-            if self._file is None:
-                # Opened on the loop (one quick syscall): a thread could finish opening
-                # after a cancellation and leak the handle.
-                self._tmp, self._file = _open_tmp(self.target)
+            f = self._file or self._open()
             while self._next < len(chunks) and chunks[self._next].chunk_id in self.available:
                 data = await self._chunk(chunks[self._next].chunk_id)
                 with trace.timed("file_write_await"):
-                    await self._run(_write, self._file, data)
+                    await self._run(_write, f, data)
                 self._next += 1
-            if self._next == len(chunks):
-                await self._run(_finish, self._file, self._tmp, self.target, self.entry)
-                self.done = True
-                trace.mark_last("files_written")
-                self._on_done(self.entry)
+            if self._next < len(chunks):
+                return True
+            await self._run(_finish, f, self._tmp, self.target, self.entry)
+            self._file = None
+            self.done = True
+            trace.mark_last("files_written")
+            self._on_done(self.entry)
+            return False
         except OSError as exc:
             _discard(self._file, self._tmp)
+            self._file = None
             raise StorageError(f"cannot write {self.target}: {exc}") from exc
         except BaseException:
             _discard(self._file, self._tmp)
+            self._file = None
             raise
-        finally:
-            self._running = False
 
 
 def _up_to_date(target: Path, entry: FileEntry) -> bool:

@@ -31,7 +31,7 @@ from netopt.dataplane.httpsource import (
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.sync import first_error, sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
-from netopt.errors import NetoptError
+from netopt.errors import NetoptError, ProtocolError
 from netopt.transfer.manifest import STATE_DIR_NAME, Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, LinkProfile, TransferPlan
 from netopt.transfer.planner import plan_transfer as _plan_transfer
@@ -204,7 +204,7 @@ async def fetch_info_and_manifest(
         trace.mark("info_manifest")
         source.meta_wire_bytes = early.wire_bytes
         info = source.info_from_dict(early.info, early.rtt_s * 1000)
-        return info, manifest_from_dict(early.manifest)
+        return _asked_for(url, info, manifest_from_dict(early.manifest))
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:
@@ -218,4 +218,19 @@ async def fetch_info_and_manifest(
     info = info_task.result()
     # The data connections' handshakes measured the round trip too.
     rtts_ms = [rtt_s * 1000 for rtt_s in source.connect_rtts_s]
-    return replace(info, rtt_ms=min([info.rtt_ms, *rtts_ms])), manifest_task.result()
+    info = replace(info, rtt_ms=min([info.rtt_ms, *rtts_ms]))
+    return _asked_for(url, info, manifest_task.result())
+
+
+def _asked_for(
+    url: DatasetUrl, info: DatasetInfo, manifest: Manifest
+) -> tuple[DatasetInfo, Manifest]:
+    """``(info, manifest)`` when both name the dataset the URL asked for; ProtocolError
+    otherwise (the cache files a manifest under its name, so a server must not choose it)."""
+    for what, name in (("dataset info", info.name), ("manifest", manifest.name)):
+        if name != url.name:
+            raise ProtocolError(
+                f"{url}: the server's {what} names dataset {name[:200]!r}, not {url.name!r}; "
+                "refusing it (nothing was written)"
+            )
+    return info, manifest

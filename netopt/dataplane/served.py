@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import blake3
 
-from netopt.config.common import DATASET_NAME_RE
 from netopt.errors import IntegrityError, StorageError, ValidationError
+from netopt.names import is_dataset_name
 from netopt.transfer.manifest import Manifest, build_manifest
 from netopt.transfer.planner import SampleProfile
 from netopt.transfer.profile import sample_files
@@ -85,7 +85,7 @@ def index_chunks(manifest: Manifest) -> dict[str, tuple[str, int, int]]:
 
 def load_dataset(root: str | os.PathLike[str], name: str, avg_chunk_bytes: int) -> ServedDataset:
     """Chunk ``root`` into a manifest, index its chunks and sample its compressibility."""
-    if not DATASET_NAME_RE.match(name) or ".." in name:
+    if not is_dataset_name(name):
         raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
     base = Path(root).resolve()
     manifest = build_manifest(base, name, avg_chunk_bytes)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.dataplane import trace
-from netopt.dataplane.assemble import FileAssembler, scan_destination
+from netopt.dataplane.assemble import FileAssembler, OpenFiles, scan_destination
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
 from netopt.dataplane.held import HeldSink
 from netopt.dataplane.streamwork import stream_worker
@@ -108,9 +108,25 @@ async def sync_manifest(
         run.queue.extend(order[start:] + order[:start])
         run.queued_bytes = sum(run.lengths[cid] for cid in missing)
         available = set(reused)
+        open_files = OpenFiles()
+        refetched: list[str] = []
+
+        async def refetch(chunk_id: str) -> bytes:
+            # The sink lost the chunk or it no longer verifies: this fetch counts too.
+            data = await run.fetch_verified(chunk_id)
+            refetched.append(chunk_id)
+            return data
+
         assemblers = [
             FileAssembler(
-                entry, target, held, available, run.in_thread, run.fetch_verified, run.file_done
+                entry,
+                target,
+                held,
+                available,
+                run.in_thread,
+                refetch,
+                run.file_done,
+                open_files,
             )
             for entry, target in pending
         ]
@@ -155,7 +171,7 @@ async def sync_manifest(
         files=len(manifest.files),
         files_written=run.files_written,
         files_skipped=skipped,
-        chunks_fetched=run.chunks_done,
+        chunks_fetched=run.chunks_done + len(refetched),
         chunks_reused=len(reused),
         chunk_retries=run.retries,
         wire_bytes=run.wire_bytes,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import blake3
 
 from netopt.chunking import DEFAULT_AVG_CHUNK_BYTES, ChunkRef, chunk_file
 from netopt.errors import PathTraversalError, ProtocolError, StorageError, ValidationError
+from netopt.names import HASH_ID_RE, validate_dataset_name, validate_hash_id
 
 __all__ = [
     "CHUNK_ID_RE",
@@ -34,12 +34,16 @@ __all__ = [
     "validate_rel_path",
 ]
 
-CHUNK_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+CHUNK_ID_RE = HASH_ID_RE
 STATE_DIR_NAME = ".netopt-sync"
 """Hidden directory under a sync destination that holds resume state; never served."""
 
 _MAX_PATH_CHARS = 4096
 _MAX_COMPONENT_CHARS = 255
+_MAX_INT = 2**63 - 1
+"""Sizes and times must fit the 64-bit fields they end up in (os.utime, st_size)."""
+_MAX_MTIME_NS = 2**62
+"""About the year 2116; far larger values overflow time_t in os.utime."""
 
 
 def validate_rel_path(path: object) -> str:
@@ -72,9 +76,7 @@ def validate_rel_path(path: object) -> str:
 
 def validate_chunk_id(value: object) -> str:
     """Return ``value`` if it is a BLAKE3 hex name; raise PathTraversalError otherwise."""
-    if not isinstance(value, str) or not CHUNK_ID_RE.match(value):
-        raise PathTraversalError(f"chunk name {value!r} is not 64 lowercase hex digits")
-    return value
+    return validate_hash_id(value)
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,11 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def _int(value: object, what: str, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ProtocolError(f"manifest: {what} is not an integer >= {minimum}: {value!r}")
+def _int(value: object, what: str, minimum: int = 0, maximum: int = _MAX_INT) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise ProtocolError(
+            f"manifest: {what} is not an integer in [{minimum}, {maximum}]: {str(value)[:40]}"
+        )
     return value
 
 
@@ -198,7 +202,11 @@ def _file_from_dict(raw: object) -> FileEntry:
         raise ProtocolError(f"manifest: {path}: chunks cover {offset} bytes, size is {size}")
     mode = _int(raw.get("mode", 0o644), f"{path}: mode") & 0o777
     return FileEntry(
-        path, size, mode, _int(raw.get("mtime_ns", 0), f"{path}: mtime_ns"), tuple(chunks)
+        path,
+        size,
+        mode,
+        _int(raw.get("mtime_ns", 0), f"{path}: mtime_ns", 0, _MAX_MTIME_NS),
+        tuple(chunks),
     )
 
 
@@ -211,9 +219,8 @@ def manifest_from_dict(data: object) -> Manifest:
     """
     if not isinstance(data, Mapping):
         raise ProtocolError("manifest is not a JSON object")
-    name = data.get("name")
-    if not isinstance(name, str):
-        raise ProtocolError("manifest: name is not a string")
+    # The name becomes a directory in the cache: it must be a dataset name, never a path.
+    name = validate_dataset_name(data.get("name"), "manifest: name")
     raw_files = data.get("files")
     if not isinstance(raw_files, list):
         raise ProtocolError("manifest: files is not a list")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest
@@ -40,3 +45,22 @@ def request(source: str, dest: Path, cache: Path, **kw: object) -> SyncRequest:
 
 def served_options(token: str, cpu: object) -> SourceOptions:
     return SourceOptions(client=ClientOptions(token=token), client_cpu=cpu)  # type: ignore[arg-type]
+
+
+def mount_tmpfs(where: Path, size: str) -> None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+def umount(where: Path) -> None:
+    done = subprocess.run(["umount", str(where)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

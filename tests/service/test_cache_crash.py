@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,14 @@ from netopt.cache.verify import verify_cache
 from netopt.chunking import chunk_id
 from netopt.cli.main import main
 from netopt.errors import StorageError
-from tests.service.cache_helpers import make_dataset, request, served_options, tree
+from tests.service.cache_helpers import (
+    make_dataset,
+    mount_tmpfs,
+    request,
+    served_options,
+    tree,
+    umount,
+)
 from tests.service.dataplane_helpers import CPU, FAST, TOKEN, start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,24 +115,10 @@ def test_verify_finds_corrupt_chunk_and_repairs_from_source(tmp_path: Path, caps
         assert c.has(victim)
 
 
-def _mount_tmpfs(where: Path, size: str) -> None:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-
-
 async def test_full_disk_is_a_clear_error_and_leaves_the_cache_consistent(tmp_path: Path) -> None:
     src, mnt = tmp_path / "src", tmp_path / "small"
     total = make_dataset(src)
-    _mount_tmpfs(mnt, "2m")
+    mount_tmpfs(mnt, "2m")
     try:
         cache = mnt / "cache"
         # Refused up front, with the figures, before a chunk moves.
@@ -154,9 +146,4 @@ async def test_full_disk_is_a_clear_error_and_leaves_the_cache_consistent(tmp_pa
             assert report.corrupt == ()
             assert report.checked == len(stored) == len(c.sizes_bytes)
     finally:
-        _umount(mnt)
-
-
-def _umount(where: Path) -> None:
-    done = subprocess.run(["umount", str(where)], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+        umount(mnt)
