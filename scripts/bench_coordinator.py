@@ -23,8 +23,15 @@ generator's collector is off while measuring (a thousand real agents are a
 thousand small heaps, not one large one).
 Goal (issue 5): p99 under 50 ms on one core at 1,000 agents / 5 s.
 
+``--scenario restart-storm`` (issue 15) instead registers the fleet, SIGKILLs
+the coordinator and starts a fresh one on an empty database: every agent, at
+the random heartbeat phase the daemon gives it, is answered 404, registers
+again and replays ``--spool-batches`` spooled batches (``--lockstep``: all at
+the same phase, as the daemon did before). See ``bench_restart_storm.py``.
+
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
         [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
+        [--scenario steady|restart-storm] [--spool-batches 6] [--lockstep]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from bench_restart_storm import print_storm, storm, storm_report
 
 from netopt.cli.output import print_table
 from netopt.coordinator.matrix import percentile
@@ -53,6 +61,7 @@ TOKEN = "bench-coordinator-token-0123456789"  # noqa: S105 - a throwaway test to
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GOAL_P99_MS = 50.0
 REGIONS = ("hk", "sg", "us", "cn")
+_CPUS = sorted(os.sched_getaffinity(0))  # before any pinning
 
 
 def _free_port() -> int:
@@ -143,12 +152,31 @@ async def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit("coordinator did not start")
 
 
-async def _register(i: int, session: aiohttp.ClientSession, url: str) -> None:
+def _registration(i: int) -> dict[str, Any]:
     name, region = _node(i)
-    reg = {"node": name, "region": region, "netopt_version": "0.1.0", "cpu_count": 32,
-           "advertise_host": "127.0.0.1", "nics": [{"name": "eth0", "mtu": 1500}]}  # fmt: skip
-    async with session.post(url + "/api/v1/agents/register", json=reg) as response:
+    return {"node": name, "region": region, "netopt_version": "0.1.0", "cpu_count": 32,
+            "advertise_host": "127.0.0.1", "nics": [{"name": "eth0", "mtu": 1500}]}  # fmt: skip
+
+
+async def _register(i: int, session: aiohttp.ClientSession, url: str) -> None:
+    async with session.post(url + "/api/v1/agents/register", json=_registration(i)) as response:
         assert response.status == 200, await response.text()
+
+
+async def _register_all(url: str, sessions: list[aiohttp.ClientSession]) -> None:
+    """Register agent ``i`` over ``sessions[i]``, 50 at a time."""
+    limit = asyncio.Semaphore(50)
+
+    async def register(i: int) -> None:
+        async with limit:
+            await _register(i, sessions[i], url)
+
+    await asyncio.gather(*(register(i) for i in range(len(sessions))))
+
+
+async def _register_fleet(url: str, agents: int) -> None:
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        await _register_all(url, [session] * agents)
 
 
 async def _agent(
@@ -200,13 +228,7 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     ]
     try:
         registering = time.monotonic()
-        limit = asyncio.Semaphore(50)
-
-        async def register(i: int) -> None:
-            async with limit:
-                await _register(i, sessions[i], url)
-
-        await asyncio.gather(*(register(i) for i in range(args.agents)))
+        await _register_all(url, sessions)
         out["register_all_s"] = time.monotonic() - registering
         await asyncio.sleep(2.0)  # let the plan for the full fleet settle
         # A real fleet is a thousand small processes; this one process holds all their
@@ -283,6 +305,53 @@ def _server_side(metrics: str) -> dict[str, float | None]:
     }
 
 
+def _start_coordinator(tmp: str, port: int, database: str, pin: bool) -> subprocess.Popen[bytes]:
+    config = Path(tmp, f"{database}.yaml")
+    config.write_text(
+        f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
+        f"database: {tmp}/{database}\nstale_after_s: 60\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
+        stderr=subprocess.DEVNULL,
+    )
+    if pin:
+        os.sched_setaffinity(proc.pid, {_CPUS[0]})
+        os.sched_setaffinity(0, set(_CPUS[1:]))
+    return proc
+
+
+def _restart_storm(args: argparse.Namespace, pin: bool) -> int:
+    with tempfile.TemporaryDirectory(prefix="bench-storm-") as tmp:
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = _start_coordinator(tmp, port, "first.db", pin)
+        try:
+            asyncio.run(_wait_ready(url, proc))
+            asyncio.run(_register_fleet(url, args.agents))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        proc = _start_coordinator(tmp, port, "second.db", pin)  # the registry is lost
+        try:
+            asyncio.run(_wait_ready(url, proc))
+
+            def batch(i: int, seq: int) -> dict[str, Any]:
+                return _batch(i, seq, args.summaries_per_batch, args.agents, time.time())
+
+            result = asyncio.run(storm(url, args, _node, _registration, batch, AUTH))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    report = storm_report(args, result)
+    report["coordinator_pinned_to_one_core"] = pin
+    report["all_stored"] = report["stored"] == report["expected_stored"]
+    print_storm(report)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["errors"] == 0 and report["all_stored"] else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--agents", type=int, default=1000)
@@ -291,25 +360,23 @@ def main() -> int:
     parser.add_argument("--summaries-per-batch", type=int, default=8)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--no-pin", action="store_true", help="Do not pin to separate cores.")
+    parser.add_argument("--scenario", choices=("steady", "restart-storm"), default="steady")
+    parser.add_argument("--spool-batches", type=int, default=6,
+                        help="restart-storm: batches each agent replays")  # fmt: skip
+    parser.add_argument("--lockstep", action="store_true",
+                        help="restart-storm: all agents at one phase (the old daemon)")  # fmt: skip
     args = parser.parse_args()
     if not (1 <= args.agents <= 5000 and 1 <= args.duration_s <= 300):
         parser.error("--agents must be 1..5000 and --duration-s 1..300")
-    cpus = sorted(os.sched_getaffinity(0))
+    if not 0 <= args.spool_batches <= 100:
+        parser.error("--spool-batches must be 0..100")
+    pin = len(_CPUS) >= 2 and not args.no_pin
+    if args.scenario == "restart-storm":
+        return _restart_storm(args, pin)
     with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as tmp:
         port = _free_port()
-        config = Path(tmp, "coordinator.yaml")
-        config.write_text(
-            f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
-            f"database: {tmp}/coordinator.db\nstale_after_s: 60\n"
-        )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
-            stderr=subprocess.DEVNULL,
-        )
+        proc = _start_coordinator(tmp, port, "coordinator.db", pin)
         try:
-            if len(cpus) >= 2 and not args.no_pin:
-                os.sched_setaffinity(proc.pid, {cpus[0]})
-                os.sched_setaffinity(0, set(cpus[1:]))
             url = f"http://127.0.0.1:{port}"
             asyncio.run(_wait_ready(url, proc))
             result = asyncio.run(_load(url, proc.pid, args))
@@ -322,7 +389,7 @@ def main() -> int:
         "interval_s": args.interval_s,
         "duration_s": args.duration_s,
         "summaries_per_batch": args.summaries_per_batch,
-        "coordinator_pinned_to_one_core": len(cpus) >= 2 and not args.no_pin,
+        "coordinator_pinned_to_one_core": pin,
         "batches": len(lat),
         "batches_per_s": len(lat) / args.duration_s,
         "latency_ms": {q: percentile(lat, p) for q, p in (("p50", 50), ("p90", 90), ("p99", 99))}

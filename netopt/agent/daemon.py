@@ -4,8 +4,10 @@
 flushes what it measured (briefly), leaves the coordinator and closes its
 servers. Loops, each a task:
 
-- registration (with backoff) and heartbeats; a changed ``plan_version`` in a
-  heartbeat answer triggers a plan fetch;
+- registration (with jittered backoff) and heartbeats; a changed
+  ``plan_version`` in a heartbeat answer triggers a plan fetch. Heartbeats and
+  reports start at a random phase and run on jittered periods (``backoff.py``),
+  so a fleet never arrives at a restarted coordinator in step;
 - probing of every planned peer, one window after another, over one shared
   socket and timer (see ``probing.py``);
 - bandwidth tests in the time slots the coordinator assigned (so no node runs
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -28,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from netopt import __version__
+from netopt.agent.backoff import first_phase_s, full_jitter_s, jittered_period_s
 from netopt.agent.host import cpu_count, local_nics
 from netopt.agent.http import create_app
 from netopt.agent.metrics import AgentMetrics
@@ -94,7 +98,8 @@ def unreachable_summary(
 
 
 class Agent:
-    """One node's agent. ``wall_clock`` gives unix time (tests may replace it)."""
+    """One node's agent. ``wall_clock`` gives unix time and ``rng`` draws the retry
+    delays and loop phases (tests may replace both; the default is seeded from the OS)."""
 
     def __init__(
         self,
@@ -102,10 +107,12 @@ class Agent:
         token: str,
         *,
         wall_clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
         self.token = token
         self.wall_clock = wall_clock
+        self.rng = rng if rng is not None else random.Random()  # timing only, not secrets
         self.metrics = AgentMetrics()
         self.spool = Spool(settings.spool.dir, settings.spool.max_bytes)
         self.reporter = Reporter(settings.node, self.spool, self.metrics)
@@ -198,27 +205,29 @@ class Agent:
         )
 
     async def _register(self, client: CoordinatorClient) -> None:
-        delay_s = RETRY_MIN_S
+        attempt = 0
         while True:
+            delay_s = full_jitter_s(attempt, self.rng, base_s=RETRY_MIN_S, cap_s=RETRY_MAX_S)
             try:
                 # registration() lists NICs with `ip`: a subprocess, so off the loop
                 answer = await client.register(await asyncio.to_thread(self.registration))
             except AuthenticationError:
                 log.error("the coordinator refused this agent's token; fix token/token_file")
             except NetoptError as exc:
-                log.warning("registration failed (retrying in %.0f s): %s", delay_s, exc)
+                log.warning("registration failed (retrying in %.1f s): %s", delay_s, exc)
             else:
                 log.info("registered with %s", self.settings.coordinator_url)
                 self.registered.set()
                 await self._follow_plan(client, str(answer.get("plan_version", "")))
                 return
             await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, RETRY_MAX_S)
+            attempt += 1
 
     async def _control_loop(self, client: CoordinatorClient) -> None:
         await self._register(client)
+        interval_s = self.settings.heartbeat_interval_s
+        await asyncio.sleep(first_phase_s(interval_s, self.rng))
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
             beat = Heartbeat(
                 uptime_s=time.monotonic() - self.started_at_s,
                 spool_bytes=self.spool.size_bytes,
@@ -233,6 +242,7 @@ class Agent:
                     await self._register(client)
                 else:
                     log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(jittered_period_s(interval_s, self.rng))
 
     async def _follow_plan(self, client: CoordinatorClient, version: str) -> None:
         if version and version == self.plan_version:
@@ -335,18 +345,23 @@ class Agent:
     # ---------------------------------------------------------------- reporting
 
     async def _report_loop(self, client: CoordinatorClient) -> None:
+        interval_s = self.settings.report_interval_s
+        await asyncio.sleep(first_phase_s(interval_s, self.rng))
         while True:
-            await asyncio.sleep(self.settings.report_interval_s)
-            await self.reporter.spool_pending()
-            if not self.registered.is_set():
-                continue
-            try:
-                await self.reporter.flush(client)
-            except NeedsRegistration:
-                self.registered.clear()
-                await self._register(client)
-            except NetoptError as exc:
-                log.warning("report failed: %s", exc)
+            await self._report_once(client)
+            await asyncio.sleep(jittered_period_s(interval_s, self.rng))
+
+    async def _report_once(self, client: CoordinatorClient) -> None:
+        await self.reporter.spool_pending()
+        if not self.registered.is_set():
+            return
+        try:
+            await self.reporter.flush(client)
+        except NeedsRegistration:
+            self.registered.clear()
+            await self._register(client)
+        except NetoptError as exc:
+            log.warning("report failed: %s", exc)
 
 
 def _advertisable(host: str) -> str | None:

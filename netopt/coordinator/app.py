@@ -29,7 +29,7 @@ from netopt.coordinator.catalogue_api import CATALOGUE, CATALOGUE_ROUTES, ChunkC
 from netopt.coordinator.database import Database
 from netopt.coordinator.fields import RequestInvalid, parse_json_body
 from netopt.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
-from netopt.coordinator.openapi import openapi_document
+from netopt.coordinator.openapi import openapi_document, query_names
 from netopt.coordinator.schema import (
     Heartbeat,
     Registration,
@@ -125,7 +125,10 @@ async def _guarded(request: web.Request, handler: Handler, max_bytes: int) -> we
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(exc.status, type(exc).__name__.removeprefix("HTTP"), exc.reason)
+        response = _error(exc.status, type(exc).__name__.removeprefix("HTTP"), exc.reason)
+        if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
@@ -261,6 +264,22 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _strict_query(handler: RouteHandler, allowed: frozenset[str]) -> RouteHandler:
+    """``handler`` behind a check that the query holds only the documented parameters
+    (a typo'd ``windw_s`` must not silently fall back to the default)."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        unknown = set(request.query) - allowed
+        if unknown:
+            names = ", ".join(repr(k[:40]) for k in sorted(unknown)[:5])
+            raise RequestInvalid("query", f"unknown parameter(s) {names}")
+        return await handler(request)
+
+    return checked
+
+
 ROUTES: tuple[tuple[str, str, RouteHandler], ...] = (
     ("POST", "/api/v1/agents/register", register),
     ("POST", "/api/v1/agents/{node}/heartbeat", heartbeat),
@@ -349,6 +368,6 @@ def create_app(
     app[METRICS] = metrics
     app[CATALOGUE] = ChunkCatalogue(Catalogue(), coordinator)
     for method, path, handler in ROUTES:
-        app.router.add_route(method, path, handler)
+        app.router.add_route(method, path, _strict_query(handler, query_names(path, method)))
     app.cleanup_ctx.append(_lifecycle(db, deps))
     return app

@@ -15,7 +15,7 @@ from typing import Any
 
 from netopt.errors import ValidationError
 
-__all__ = ["Reader", "RequestInvalid", "check_number", "parse_json_body"]
+__all__ = ["Reader", "RequestInvalid", "check_number", "parse_json_body", "string_schema"]
 
 
 class RequestInvalid(ValidationError):
@@ -202,3 +202,17 @@ def _kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def string_schema(max_len: int, pattern: re.Pattern[str] | None = None) -> dict[str, Any]:
+    """The JSON Schema of what :meth:`Reader.string` accepts with the same arguments.
+
+    The OpenAPI document is built from this, so the document and the validation
+    share one definition of every string field (``fullmatch`` becomes an anchored
+    pattern; Python's and ECMA-262's syntax agree for the classes netopt uses).
+    """
+    schema: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": max_len}
+    if pattern is not None:
+        body = pattern.pattern.removeprefix("^").removesuffix("$")
+        schema["pattern"] = f"^(?:{body})$"
+    return schema

@@ -5,24 +5,37 @@ from __future__ import annotations
 from typing import Any
 
 from netopt import __version__
+from netopt.config.common import DATASET_NAME_RE, NAME_RE
+from netopt.coordinator.fields import string_schema
 from netopt.coordinator.schema import (
+    BATCH_ID_RE,
+    CC_RE,
+    IFNAME_RE,
     MAX_ADDRESSES_PER_NIC,
+    MAX_NIC_MBPS,
     MAX_NICS,
     MAX_OUTAGES,
+    MAX_PROBES,
     MAX_RATE_BPS,
     MAX_RTT_MS,
     MAX_SUMMARIES_PER_BATCH,
     MAX_TIME_S,
     MAX_WINDOW_S,
     METHODS,
+    NAME_MAX_LEN,
+    TARGET_MAX_LEN,
+    VERSION_RE,
 )
+from netopt.transfer.manifest import CHUNK_ID_RE
 
-__all__ = ["openapi_document"]
+__all__ = ["openapi_document", "query_names"]
 
-NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$"}
+# Every bound and pattern below is the constant the validators in schema.py use.
+NAME = string_schema(NAME_MAX_LEN, NAME_RE)
 MS = {"type": "number", "minimum": 0, "maximum": MAX_RTT_MS}
 BPS = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_RATE_BPS}
-COUNT = {"type": "integer", "minimum": 0}
+COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PROBES}
+_INTERFACE = "^[0-9A-Fa-f:.]{2,45}/[0-9]{1,3}$"  # ip/prefix; ipaddress.ip_interface decides
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -64,21 +77,24 @@ def _schemas() -> dict[str, Any]:
         late_count=COUNT,
         outages={"type": "array", "maxItems": MAX_OUTAGES, "items": _obj(
             ["start_s", "duration_s"],
-            start_s={"type": "number", "minimum": 0}, duration_s={"type": "number", "minimum": 0},
+            start_s={"type": "number", "minimum": 0, "maximum": MAX_WINDOW_S},
+            duration_s={"type": "number", "minimum": 0, "maximum": MAX_WINDOW_S},
             lost_count=COUNT, ongoing={"type": "boolean"})},
         single_stream_bps=BPS,
         aggregate_bps={**BPS, "description": "bulk-tcp/iperf3 need this or single_stream_bps"},
         streams={"type": ["integer", "null"], "minimum": 1, "maximum": 1024},
-        congestion_control={"type": ["string", "null"], "pattern": "^[a-z0-9_]{1,16}$"},
-        target={"type": ["string", "null"], "maxLength": 256},
-        duration_s={"type": ["number", "null"], "minimum": 0},
+        congestion_control=_nullable(string_schema(16, CC_RE)),
+        target=_nullable(string_schema(TARGET_MAX_LEN)),
+        duration_s={"type": ["number", "null"], "minimum": 0, "maximum": MAX_WINDOW_S},
     )  # fmt: skip
     nic = _obj(
         ["name"],
-        name={"type": "string", "pattern": "^[A-Za-z0-9_.:@-]{1,15}$"},
+        name=string_schema(15, IFNAME_RE),
         addresses={"type": "array", "maxItems": MAX_ADDRESSES_PER_NIC,
-                   "items": {"type": "string", "description": "IP or IP/prefix"}},
-        speed_mbps={"type": ["number", "null"], "minimum": 0},
+                   "items": {"anyOf": [{"format": "ipv4"}, {"format": "ipv6"},
+                                       {"type": "string", "pattern": _INTERFACE}],
+                             "type": "string", "description": "IP or IP/prefix"}},
+        speed_mbps={"type": ["number", "null"], "minimum": 0, "maximum": MAX_NIC_MBPS},
         mtu={"type": "integer", "minimum": 68, "maximum": 65536},
     )  # fmt: skip
     peer: dict[str, Any] = {"type": "object", "properties": {
@@ -91,10 +107,11 @@ def _schemas() -> dict[str, Any]:
         "Registration": _obj(
             ["node", "region", "netopt_version", "cpu_count", "nics"],
             node=NAME, region=NAME,
-            netopt_version={"type": "string", "pattern": "^[A-Za-z0-9.+_-]{1,32}$"},
+            netopt_version=string_schema(32, VERSION_RE),
             cpu_count={"type": "integer", "minimum": 1, "maximum": 65536},
             nics={"type": "array", "maxItems": MAX_NICS, "items": nic},
-            advertise_host={"type": ["string", "null"],
+            advertise_host={"oneOf": [{"type": "null"}, {"type": "string", "format": "ipv4"},
+                                      {"type": "string", "format": "ipv6"}],
                             "description": "address peers probe; default: the request's source"},
             probe_port={"type": ["integer", "null"], "minimum": 1, "maximum": 65535},
             data_port={"type": ["integer", "null"], "minimum": 1, "maximum": 65535}),
@@ -108,7 +125,7 @@ def _schemas() -> dict[str, Any]:
         "LinkSummary": summary,
         "SummaryBatch": _obj(
             ["batch_id", "summaries"],
-            batch_id={"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$",
+            batch_id={**string_schema(64, BATCH_ID_RE),
                       "description": "unique per agent; a replay is acknowledged, not stored"},
             summaries={"type": "array", "maxItems": MAX_SUMMARIES_PER_BATCH,
                        "items": _ref("LinkSummary")}),
@@ -131,7 +148,7 @@ def _schemas() -> dict[str, Any]:
         "Regions": {"type": "object", "description": "per unordered region pair"},
         "Placement": {"type": "object", "additionalProperties": False, "required": ["dataset"],
             "description": "exactly one of node (registered) or region", "properties": {
-            "dataset": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
+            "dataset": string_schema(128, DATASET_NAME_RE),
             "node": NAME, "region": NAME}},
         "PlacementAnswer": {"type": "object", "properties": {
             "allowed": {"const": True}, "dataset": {"type": "string"}, "node": NAME,
@@ -169,9 +186,8 @@ def _schemas() -> dict[str, Any]:
 
 def _op(summary: str, ok: str | None, body: str | None = None, **params: Any) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "responses": {}}
-    if ok:
-        op["responses"]["200"] = {"description": "OK", "content": {
-            "application/json": {"schema": _ref(ok)}}}  # fmt: skip
+    op["responses"]["200"] = {"description": "OK", "content": {
+        "application/json": {"schema": _ref(ok) if ok else {"type": "object"}}}}  # fmt: skip
     for code, text in (
         ("400", "invalid request"),
         ("401", "missing or wrong token"),
@@ -245,10 +261,13 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/datasets/{dataset}/versions/{manifest_id}/route": {"post": _op(
                 "Sources for the chunks a sync wants (in-region peers first, the border "
                 "once); reports the chunks it stored", "RouteAnswer", "RouteRequest",
-                dataset=("path", {"type": "string"}),
-                manifest_id=("path", {"type": "string", "pattern": "^[0-9a-f]{64}$"}))},
+                dataset=("path", string_schema(128, DATASET_NAME_RE)),
+                manifest_id=("path", string_schema(64, CHUNK_ID_RE)))},
             "/metrics": {"get": {"summary": "Prometheus metrics (token required)",
-                                 "responses": {"200": {"description": "text format 0.0.4"}}}},
+                                 "responses": {"200": {"description": "text format 0.0.4"},
+                                               "401": {"description": "missing or wrong token",
+                                                       "content": {"application/json": {
+                                                           "schema": _ref("Error")}}}}}},
             "/healthz": {"get": {"summary": "Liveness, no token", "security": [],
                                  "responses": {"200": {"description": "ok"}}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [],
@@ -258,3 +277,9 @@ def openapi_document() -> dict[str, Any]:
                           "responses": {"200": {"description": "HTML"}}}},
         },
     }  # fmt: skip
+
+
+def query_names(path: str, method: str) -> frozenset[str]:
+    """The query parameters the document lists for ``method path``: the server refuses others."""
+    operation = openapi_document()["paths"].get(path, {}).get(method.lower(), {})
+    return frozenset(p["name"] for p in operation.get("parameters", []) if p["in"] == "query")

@@ -51,6 +51,8 @@ MAX_RTT_MS = 3_600_000.0
 MAX_RATE_BPS = 1e13
 MAX_WINDOW_S = 86_400.0
 MAX_PROBES = 100_000_000
+MAX_NIC_MBPS = 10_000_000.0
+NAME_MAX_LEN = 63
 
 BATCH_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 VERSION_RE = re.compile(r"[A-Za-z0-9.+_-]{1,32}")
@@ -75,7 +77,7 @@ def check_node_name(value: str, field: str = "node") -> str:
 
 
 def _name(reader: Reader, key: str) -> str:
-    return cast(str, reader.string(key, max_len=63, pattern=NAME_RE))
+    return cast(str, reader.string(key, max_len=NAME_MAX_LEN, pattern=NAME_RE))
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class Nic:
                 addresses.append(str(ipaddress.ip_interface(item)))
             except ValueError:
                 raise RequestInvalid(where, f"{item[:64]!r} is not an IP address") from None
-        speed = r.number("speed_mbps", ge=0, le=10_000_000, required=False)
+        speed = r.number("speed_mbps", ge=0, le=MAX_NIC_MBPS, required=False)
         mtu = r.integer("mtu", ge=68, le=65536, required=False)
         r.done()
         return cls(name, tuple(addresses), speed, 1500 if mtu is None else mtu)

@@ -5,7 +5,7 @@ One UDP datagram, network byte order::
     magic       2s  b"NQ"
     version     B   1
     kind        B   1 = request (prober -> reflector), 2 = reply
-    session     Q   random per prober session
+    session     Q   random per prober session: the sender id the replay check keys on
     seq         I   0, 1, 2, ... within the session
     pad_len     H   bytes of padding that follow the header
     sender_ns   Q   prober's clock when the request left (any epoch)
@@ -30,7 +30,6 @@ import hashlib
 import hmac
 import struct
 from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Final
 
@@ -107,7 +106,7 @@ class UnauthenticatedPacketError(PacketError):
 
 
 class ReplayedPacketError(PacketError):
-    """A (sender, session, seq) seen before, or too old to tell."""
+    """A (session, seq) seen before, or too old to tell."""
 
     reason = "replayed"
 
@@ -278,11 +277,15 @@ def make_reply(request: ProbePacket, refl_rx_ns: int, refl_tx_ns: int) -> ProbeP
 
 
 class ReplayWindow:
-    """Sliding-window replay check per (sender, session), like IPsec's.
+    """Sliding-window replay check per session, like IPsec's per SA.
 
-    Remembers the highest sequence number of each session and which of the last
-    ``window`` numbers were seen. At most ``max_sessions`` sessions are kept
-    (least recently used go first), so memory stays bounded whatever arrives.
+    Keyed by what the tag authenticates, the session (the sender id) and its
+    sequence number, never by the source address: an address is not
+    authenticated, so one captured request resent from many addresses is still
+    one request. Remembers the highest sequence number of each session and which
+    of the last ``window`` numbers were seen. At most ``max_sessions`` sessions
+    are kept (least recently used go first), so memory stays bounded whatever
+    arrives: each session costs one entry of two ints.
     """
 
     def __init__(self, window: int = 1024, max_sessions: int = 4096) -> None:
@@ -290,26 +293,26 @@ class ReplayWindow:
             raise ValueError("window and max_sessions must be positive")
         self.window = window
         self.max_sessions = max_sessions
-        self._sessions: OrderedDict[Hashable, tuple[int, int]] = OrderedDict()
+        self._mask = (1 << window) - 1
+        self._sessions: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def check(self, sender: Hashable, session: int, seq: int) -> None:
-        """Record (sender, session, seq); raise ReplayedPacketError if already seen or too old."""
-        key = (sender, session)
-        state = self._sessions.get(key)
+    def check(self, session: int, seq: int) -> None:
+        """Record (session, seq); raise ReplayedPacketError if already seen or too old."""
+        state = self._sessions.get(session)
         if state is None:
-            self._sessions[key] = (seq, 1)
+            self._sessions[session] = (seq, 1)
             if len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
             return
-        self._sessions.move_to_end(key)
+        self._sessions.move_to_end(session)
         highest, seen = state
         if seq > highest:
             shift = seq - highest
-            seen = ((seen << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
-            self._sessions[key] = (seq, seen)
+            seen = ((seen << shift) | 1) & self._mask if shift < self.window else 1
+            self._sessions[session] = (seq, seen)
             return
         behind = highest - seq
         if behind >= self.window:
@@ -317,4 +320,4 @@ class ReplayWindow:
         bit = 1 << behind
         if seen & bit:
             raise ReplayedPacketError(f"seq {seq} of session {session:#x} was seen before")
-        self._sessions[key] = (highest, seen | bit)
+        self._sessions[session] = (highest, seen | bit)

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import socket
 from dataclasses import dataclass
-from typing import Any
 
 from netopt.measure.packet import (
     KIND_REQUEST,
@@ -76,13 +75,14 @@ class _Handler:
         self._counters = counters
         self._replay = ReplayWindow()
 
-    def reply_to(self, data: bytes, addr: Any, rx_ns: int) -> bytes | None:
+    def reply_to(self, data: bytes, rx_ns: int) -> bytes | None:
         try:
             fields = decode_fields(data, self._key)
             if fields[0] != KIND_REQUEST:
                 self._counters.unexpected_kind += 1
                 return None
-            self._replay.check(addr, fields[1], fields[2])
+            # The session is the authenticated sender id; the address is not.
+            self._replay.check(fields[1], fields[2])
         except PacketError as exc:
             setattr(self._counters, exc.reason, getattr(self._counters, exc.reason) + 1)
             return None
@@ -154,7 +154,7 @@ class Reflector:
         reply_to = self._handler.reply_to
         sendto = self._sock.sendto
         for data, addr, rx_ns in batch:
-            reply = reply_to(data, addr, rx_ns)
+            reply = reply_to(data, rx_ns)
             if reply is None:
                 continue
             try:
