@@ -154,4 +154,3 @@ async def test_a_stream_that_repeats_a_name_is_cut_after_the_first_frame(tmp_pat
         assert sum(stats.chunk_requests.values()) <= 2
     finally:
         await runner.cleanup()
-
