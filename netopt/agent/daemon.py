@@ -49,6 +49,7 @@ from netopt.measure.samples import ProbeTarget
 from netopt.measure.service import ProbeServer
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
+from netopt.webshell import start_site
 
 __all__ = ["Agent", "PlannedPeer", "run_agent"]
 
@@ -141,7 +142,7 @@ class Agent:
         runner = web.AppRunner(create_app(self), access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, s.listen.host, s.listen.port).start()
+            await start_site(runner, host=s.listen.host, port=s.listen.port)
         except OSError as exc:
             await runner.cleanup()
             await self.probe_server.close()

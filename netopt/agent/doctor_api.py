@@ -24,7 +24,8 @@ from aiohttp import web
 from netopt.config import LinksSettings, parse_settings
 from netopt.doctor import ports
 from netopt.doctor.run import DoctorOptions, run_doctor
-from netopt.errors import NetoptError
+from netopt.errors import NetoptError, ValidationError
+from netopt.webshell import parse_json_document
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -46,10 +47,10 @@ def _authorised(request: web.Request, token: str) -> bool:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except ValueError:
+        body = parse_json_document(await request.read())
+    except ValidationError as exc:
         raise web.HTTPBadRequest(
-            text=json.dumps({"error": "DoctorRequestError", "message": "body is not JSON"}),
+            text=json.dumps({"error": "DoctorRequestError", "message": str(exc)}),
             content_type="application/json",
         ) from None
     if not isinstance(body, dict):

@@ -12,6 +12,7 @@ from netopt.agent.doctor_api import doctor_routes
 from netopt.cache.peerserve import CachedDatasets, agent_cpu_profile
 from netopt.dataplane.handlers import ServeSettings, auth_middleware
 from netopt.dataplane.server import add_dataplane
+from netopt.webshell import json_errors
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -47,7 +48,7 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(agent: Agent) -> web.Application:
     """The agent's web app. Health and metrics carry no secrets, so need no token; the
     doctor routes do (see ``doctor_api``)."""
-    app = web.Application(client_max_size=64 * 1024, middlewares=[auth_middleware])
+    app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors, auth_middleware])
     app[AGENT] = agent
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
     app.add_routes(doctor_routes(agent))

@@ -7,13 +7,13 @@ what to fix. JSON numbers must be finite; booleans are never numbers.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterator
 from typing import Any
 
 from netopt.errors import ValidationError
+from netopt.webshell import parse_json_document
 
 __all__ = ["Reader", "RequestInvalid", "check_number", "parse_json_body", "string_schema"]
 
@@ -29,22 +29,13 @@ class RequestInvalid(ValidationError):
         return {"error": type(self).__name__, "message": str(self), "field": self.field}
 
 
-def _refuse_constant(name: str) -> Any:
-    raise RequestInvalid("", f"JSON constant {name} is not allowed (numbers must be finite)")
-
-
 def parse_json_body(raw: bytes) -> Any:
-    """Decode a UTF-8 JSON document; RequestInvalid for bad encoding, syntax or NaN."""
+    """Decode a UTF-8 JSON document; RequestInvalid for bad encoding, syntax, NaN, deep
+    nesting or an integer over Python's digit limit."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RequestInvalid("", "body is not UTF-8") from None
-    try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise RequestInvalid("", f"body is not JSON: {exc.msg} at offset {exc.pos}") from None
-    except RecursionError:
-        raise RequestInvalid("", "body nests too deeply") from None
+        return parse_json_document(raw)
+    except ValidationError as exc:
+        raise RequestInvalid("", str(exc)) from None
 
 
 def _join(path: str, key: str | int) -> str:

@@ -13,6 +13,7 @@ from aiohttp import web
 from netopt.config import CoordinatorSettings
 from netopt.coordinator.app import CoordinatorDeps, create_app
 from netopt.errors import NetworkError
+from netopt.webshell import start_site
 
 __all__ = ["run_coordinator", "serve"]
 
@@ -41,9 +42,8 @@ async def serve(
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.listen.host, settings.listen.port)
         try:
-            await site.start()
+            await start_site(runner, host=settings.listen.host, port=settings.listen.port)
         except OSError as exc:
             raise NetworkError(
                 f"cannot listen on {settings.listen.url_host}:{settings.listen.port}: "

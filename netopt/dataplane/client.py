@@ -32,7 +32,7 @@ from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.sync import first_error, sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
 from netopt.errors import NetoptError, ProtocolError
-from netopt.transfer.manifest import STATE_DIR_NAME, Manifest, manifest_from_dict
+from netopt.transfer.manifest import STATE_DIR_NAME, Manifest
 from netopt.transfer.planner import CpuProfile, LinkProfile, TransferPlan
 from netopt.transfer.planner import plan_transfer as _plan_transfer
 from netopt.transfer.profile import load_cpu_profile
@@ -204,7 +204,7 @@ async def fetch_info_and_manifest(
         trace.mark("info_manifest")
         source.meta_wire_bytes = early.wire_bytes
         info = source.info_from_dict(early.info, early.rtt_s * 1000)
-        return _asked_for(url, info, manifest_from_dict(early.manifest))
+        return _asked_for(url, info, source.manifest_from_doc(early.manifest))
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:

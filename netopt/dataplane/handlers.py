@@ -21,16 +21,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
 from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
+from netopt.dataplane.limits import MAX_STREAM_NAMES_QUEUED, STREAM_NAME_LINE_BYTES
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
-from netopt.errors import DatasetChangedError, IntegrityError, NetoptError, StorageError
+from netopt.errors import (
+    DatasetChangedError,
+    IntegrityError,
+    NetoptError,
+    StorageError,
+    ValidationError,
+)
 from netopt.transfer.manifest import CHUNK_ID_RE, manifest_to_dict
 from netopt.transfer.planner import CpuProfile
 from netopt.transfer.profile import cpu_profile_to_dict
+from netopt.webshell import parse_json_document
 
 __all__ = [
     "CPU",
@@ -237,13 +246,16 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     ds = _dataset(request)
     level = _level(request)
     try:
-        body = await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(text="body is not JSON") from None
+        body = parse_json_document(await request.read())
+    except ValidationError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
     wanted = body.get("chunks") if isinstance(body, dict) else None
     if not isinstance(wanted, list) or not 0 < len(wanted) <= MAX_BATCH_CHUNKS:
         raise web.HTTPBadRequest(text=f"chunks must be a list of 1..{MAX_BATCH_CHUNKS} names")
     ids = [_chunk_name(ds, cid) for cid in wanted]
+    if len(set(ids)) != len(ids):
+        # Each name once: a repeat would send the same chunk again for 70 bytes asked.
+        raise web.HTTPBadRequest(text="a batch names a chunk more than once")
     stats = request.app[STATS]
     loop = asyncio.get_running_loop()
     executor = request.app[EXECUTOR]
@@ -288,16 +300,26 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _next_stream_id(request: web.Request, ds: DatasetView) -> str | None:
-    """The next chunk name of a stream request's body; None at its end."""
-    line = await request.content.readline()
+async def _next_stream_id(request: web.Request, ds: DatasetView, seen: set[str]) -> str | None:
+    """The next chunk name of a stream request's body; None at its end.
+
+    400 for a line that is not a name of this dataset's (a long one is refused after
+    `STREAM_NAME_LINE_BYTES`, not read whole) or a name the stream sent before.
+    """
+    try:
+        line = await request.content.readline(max_line_length=STREAM_NAME_LINE_BYTES)
+    except LineTooLong:
+        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits") from None
     if not line:
         return None
     try:
-        name = line.strip().decode("ascii")
+        name = _chunk_name(ds, line.strip().decode("ascii"))
     except UnicodeDecodeError:
         raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits") from None
-    return _chunk_name(ds, name)
+    if name in seen:
+        raise web.HTTPBadRequest(text="a stream names a chunk more than once")
+    seen.add(name)  # names of the dataset only: at most its chunk count
+    return name
 
 
 async def dataset_stream(request: web.Request) -> web.StreamResponse:
@@ -309,7 +331,8 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     """
     ds = _dataset(request)
     level = _level(request)
-    first = await _next_stream_id(request, ds)
+    seen: set[str] = set()
+    first = await _next_stream_id(request, ds, seen)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
     await resp.prepare(request)
     if first is None:
@@ -318,13 +341,14 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     stats = request.app[STATS]
     loop = asyncio.get_running_loop()
     executor = request.app[EXECUTOR]
-    names: asyncio.Queue[str | None] = asyncio.Queue()
+    # Bounded: while it is full the body is not read, and TCP holds the client back.
+    names: asyncio.Queue[str | None] = asyncio.Queue(maxsize=MAX_STREAM_NAMES_QUEUED)
     names.put_nowait(first)
 
     async def read_names() -> None:
-        while (name := await _next_stream_id(request, ds)) is not None:
-            names.put_nowait(name)
-        names.put_nowait(None)
+        while (name := await _next_stream_id(request, ds, seen)) is not None:
+            await names.put(name)
+        await names.put(None)
 
     reader = loop.create_task(read_names())
     upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()

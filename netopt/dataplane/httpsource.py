@@ -16,7 +16,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,6 +27,15 @@ from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
     Codec,
     RawChunk,
+    max_frame_bytes,
+)
+from netopt.dataplane.limits import (
+    MAX_INFO_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_ENTRIES,
+    BodyTooLarge,
+    check_manifest_bounds,
+    check_manifest_shape,
 )
 from netopt.dataplane.sockets import set_congestion_control
 from netopt.dataplane.streaming import HttpChunkStream, read_frame
@@ -54,6 +63,7 @@ __all__ = [
 _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/([^/?#]+)$")
 _READ_PIECE_BYTES = 64 * 1024
 _READ_BUFFER_BYTES = 4 * 1024 * 1024
+_ERROR_TEXT_BYTES = 200
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,8 @@ class ClientOptions:
     rate_limit_bps: float | None = None
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    max_manifest_entries: int = MAX_MANIFEST_ENTRIES
+    """Files plus chunk references a manifest may list (its bytes: 128 per entry)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +198,7 @@ class HttpChunkSource:
         try:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(connections):
-                    tg.create_task(self._get("/v1/health"))
+                    tg.create_task(self._get("/v1/health", MAX_INFO_BYTES))
         except* (NetworkError, ValidationError, AuthenticationError):
             pass  # a task group raises a group: contextlib.suppress would not match it
 
@@ -217,7 +229,9 @@ class HttpChunkSource:
         if resp.status == 410:
             raise DatasetChangedError(f"{self.url}: the dataset changed on the server ({where})")
         if resp.status in (400, 404):
-            text = (await resp.text())[:200]
+            # A few bytes of the reason: the body's size is the peer's to choose.
+            head = await resp.content.read(_ERROR_TEXT_BYTES)
+            text = head.decode("utf-8", "replace")
             raise ValidationError(f"{where}: {resp.status} {text}")
         if resp.status >= 300:
             raise NetworkError(f"{where}: HTTP {resp.status}")
@@ -263,38 +277,56 @@ class HttpChunkSource:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NetworkError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
-    async def _get(self, path: str, params: dict[str, str] | None = None) -> tuple[bytes, str]:
-        """GET ``path``; the body and its X-Netopt-Codec header. Errors become netopt's."""
+    async def _get(
+        self, path: str, max_bytes: int, params: dict[str, str] | None = None
+    ) -> tuple[bytearray, str]:
+        """GET ``path``; the body and its X-Netopt-Codec header. Errors become netopt's;
+        BodyTooLarge when the body declares or holds more than ``max_bytes``, found
+        before the excess is read."""
         session = self._require_session()
         where = f"{self.url} ({self.url.base}{path})"
         try:
             async with session.get(self.url.base + path, params=params) as resp:
                 await self._check_status(resp, where)
-                parts: list[bytes] = []
+                declared = resp.content_length
+                if declared is not None and declared > max_bytes:
+                    raise BodyTooLarge(f"{where}: {declared} bytes, at most {max_bytes} expected")
+                body = bytearray()
                 async for piece in resp.content.iter_chunked(_READ_PIECE_BYTES):
+                    if len(body) + len(piece) > max_bytes:
+                        raise BodyTooLarge(f"{where}: over the {max_bytes} bytes expected")
                     if self._bucket is not None:
                         await self._bucket.take(len(piece))
-                    parts.append(piece)
+                    body += piece
                     self.wire_bytes += len(piece)
-                return b"".join(parts), resp.headers.get("X-Netopt-Codec", "identity")
+                return body, resp.headers.get("X-Netopt-Codec", "identity")
         except aiohttp.ClientConnectorError as exc:
             raise PeerUnreachableError(f"{self.url} is unreachable: {exc}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise NetworkError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
-    async def _get_json(self, path: str) -> Any:
-        body, _ = await self._get(path)
+    async def _get_json(
+        self, path: str, max_bytes: int, check: Callable[[bytearray], None] | None = None
+    ) -> Any:
+        body, _ = await self._get(path, max_bytes)
+        if check is not None:
+            check(body)
+        return self.loads(body, path)
+
+    def loads(self, body: bytes | bytearray, path: str) -> Any:
+        """Parse a JSON answer; ProtocolError when it is not JSON, nests too deeply or
+        holds an integer over Python's digit limit."""
         try:
             return json.loads(body)
-        except ValueError as exc:
-            raise ProtocolError(f"{self.url}: {path} did not return JSON") from exc
+        except (ValueError, RecursionError) as exc:
+            raise ProtocolError(f"{self.url}: {path} did not return usable JSON") from exc
 
     async def fetch_info(self) -> DatasetInfo:
         """The dataset's info; also measures the round trip (a TCP handshake, else the request)."""
         path = f"/v1/datasets/{self.url.name}"
         trace.mark("info_request")
         start_s = time.monotonic()
-        data = await self._get_json(path)
+        data = await self._get_json(path, MAX_INFO_BYTES)
         rtts_ms = [(time.monotonic() - start_s) * 1000]
         rtts_ms += [rtt_s * 1000 for rtt_s in self.connect_rtts_s]
         return self.info_from_dict(data, min(rtts_ms))
@@ -319,12 +351,31 @@ class HttpChunkSource:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
 
+    def manifest_limit_bytes(self) -> int:
+        """The largest manifest body this client reads."""
+        entries = self.options.max_manifest_entries
+        return MAX_MANIFEST_BYTES * entries // MAX_MANIFEST_ENTRIES
+
+    def manifest_from_doc(self, doc: Any) -> Manifest:
+        """Validate a manifest document, its entry count and its chunk sizes included."""
+        manifest = manifest_from_dict(doc)
+        check_manifest_bounds(manifest, self.options.max_manifest_entries)
+        return manifest
+
     async def fetch_manifest(self) -> Manifest:
-        return manifest_from_dict(await self._get_json(f"/v1/datasets/{self.url.name}/manifest"))
+        """The dataset's manifest, bounded (see `netopt.dataplane.limits`); BodyTooLarge."""
+        entries = self.options.max_manifest_entries
+        doc = await self._get_json(
+            f"/v1/datasets/{self.url.name}/manifest",
+            self.manifest_limit_bytes(),
+            lambda raw: check_manifest_shape(raw, entries),
+        )
+        return self.manifest_from_doc(doc)
 
     async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
         path = f"/v1/datasets/{self.url.name}/chunks/{chunk_id}"
-        body, codec = await self._get(path, {"level": str(self.zstd_level or 0)})
+        params = {"level": str(self.zstd_level or 0)}
+        body, codec = await self._get(path, max_frame_bytes(length_bytes), params)
         if codec not in ("zstd", "identity"):
             raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
-        return RawChunk(body, cast(Codec, codec), len(body))
+        return RawChunk(bytes(body), cast(Codec, codec), len(body))

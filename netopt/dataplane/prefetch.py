@@ -27,6 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netopt.dataplane import trace
+from netopt.dataplane.limits import (
+    MAX_INFO_BYTES,
+    MAX_MANIFEST_BYTES,
+    BodyTooLarge,
+    check_manifest_shape,
+)
 from netopt.dataplane.sockets import set_congestion_control
 
 # asyncio and http.client are imported where used: `start` runs before them.
@@ -88,7 +94,7 @@ class _Prefetch:
     sockets: list[socket.socket] = field(default_factory=list)
     closed: bool = False
 
-    def fetch(self, key: str, path: str) -> None:
+    def fetch(self, key: str, path: str, max_bytes: int) -> None:
         import http.client
 
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
@@ -99,12 +105,17 @@ class _Prefetch:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
-            body = resp.read()
-            if resp.status == 200:
+            # Never more than the normal path would read: over that, it asks and refuses.
+            if resp.length is not None and resp.length > max_bytes:
+                return
+            body = resp.read(max_bytes + 1)
+            if resp.status == 200 and len(body) <= max_bytes:
+                if key == "manifest":
+                    check_manifest_shape(body)
                 doc = json.loads(body)
                 with self.lock:
                     self.answers[key] = (doc, rtt_s, len(body))
-        except (OSError, ValueError, http.client.HTTPException):
+        except (OSError, ValueError, RecursionError, http.client.HTTPException, BodyTooLarge):
             pass  # the normal path asks again and reports what is wrong
         finally:
             conn.close()
@@ -158,8 +169,8 @@ def start(
     pre = _Prefetch(host, port, name, token, timeout_s)
     quoted = urllib.parse.quote(name, safe="")
     jobs: list[tuple[Any, tuple[Any, ...]]] = [
-        (pre.fetch, ("info", f"/v1/datasets/{quoted}")),
-        (pre.fetch, ("manifest", f"/v1/datasets/{quoted}/manifest")),
+        (pre.fetch, ("info", f"/v1/datasets/{quoted}", MAX_INFO_BYTES)),
+        (pre.fetch, ("manifest", f"/v1/datasets/{quoted}/manifest", MAX_MANIFEST_BYTES)),
     ]
     jobs += [(pre.connect, (congestion_control,))] * max(0, sockets)
     for target, args in jobs:

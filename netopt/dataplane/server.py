@@ -32,6 +32,7 @@ names are re-exported here.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,7 @@ from netopt.dataplane.served import DatasetView, ServedDataset, load_dataset
 from netopt.dataplane.sockets import set_congestion_control
 from netopt.errors import ValidationError
 from netopt.transfer.planner import CpuProfile
+from netopt.webshell import ListenerLimits, json_errors, start_site
 
 __all__ = [
     "DATASETS",
@@ -118,7 +120,7 @@ def create_app(
     ``datasets`` is kept as given, so a live mapping (an agent's cache) serves
     datasets that appear after the start.
     """
-    app = web.Application(middlewares=[auth_middleware])
+    app = web.Application(middlewares=[json_errors, auth_middleware])
     add_dataplane(app, settings, datasets, cpu_profile, stats)
     return app
 
@@ -142,9 +144,13 @@ def _listen_socket(host: str, port: int, congestion_control: str | None) -> sock
 
 
 async def start_server(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: ListenerLimits | None = None,
 ) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``host:port`` (0: any free port); return the runner and the port.
+    """Start ``app`` on ``host:port`` (0: any free port) under ``limits`` (default: the
+    `ListenerLimits` defaults); return the runner and the port.
 
     Raises ValidationError (exit code 2) when the address cannot be bound.
     """
@@ -155,7 +161,6 @@ async def start_server(
     except OSError as exc:
         await runner.cleanup()
         raise ValidationError(f"cannot listen on {host}:{port}: {exc}") from exc
-    site = web.SockSite(runner, sock)
-    await site.start()
+    await start_site(runner, limits, sock=sock, access_log=logging.getLogger("aiohttp.access"))
     bound_port: int = sock.getsockname()[1]
     return runner, bound_port

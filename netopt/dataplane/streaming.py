@@ -133,14 +133,29 @@ class HttpChunkStream:
             return
         try:
             if not self._broken:
-                # Read the end of the response so the connection goes back to the pool.
-                await asyncio.wait_for(resp.read(), timeout=5.0)
+                # Read the end of the response so the connection goes back to the pool:
+                # a few bytes at most (the frames asked for were all read).
+                await asyncio.wait_for(_drain(resp, _DRAIN_MAX_BYTES), timeout=5.0)
         except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError):
             resp.close()
         finally:
             if self._broken:
                 resp.close()
             await ctx.__aexit__(None, None, None)
+
+
+_DRAIN_MAX_BYTES = 64 * 1024
+
+
+async def _drain(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
+    """Read ``resp`` to its end, discarding; a response that goes on past ``max_bytes``
+    is closed instead (its connection is not reused)."""
+    left = max_bytes
+    while piece := await resp.content.read(min(left, 16 * 1024) or 1):
+        left -= len(piece)
+        if left <= 0:
+            resp.close()
+            return
 
 
 async def read_frame(

@@ -13,6 +13,7 @@ from netopt.dataplane.server import start_server as _start_server
 from netopt.dataplane.sync import SyncOptions
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile
+from netopt.webshell import ListenerLimits
 
 TOKEN = "test-token-0123456789abcdef"
 CPU = CpuProfile(2, {1: 300e6, 3: 150e6}, {1: 900e6, 3: 900e6})
@@ -43,12 +44,12 @@ def check_tree(dest: Path, files: dict[str, bytes]) -> None:
 
 
 async def start(
-    root: Path, name: str = "ds", token: str | None = TOKEN
+    root: Path, name: str = "ds", token: str | None = TOKEN, limits: ListenerLimits | None = None
 ) -> tuple[web.AppRunner, int, ServeStats, Manifest]:
     dataset = load_dataset(root, name, CHUNK_BYTES)
     stats = ServeStats()
     app = create_app(ServeSettings(token=token, worker_threads=2), {name: dataset}, CPU, stats)
-    runner, port = await _start_server(app, "127.0.0.1", 0)
+    runner, port = await _start_server(app, "127.0.0.1", 0, limits)
     return runner, port, stats, dataset.manifest
 
 

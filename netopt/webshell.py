@@ -1,0 +1,260 @@
+"""What every netopt HTTP service shares at its edge: listener limits and JSON errors.
+
+`start_site` listens for an aiohttp runner with `ListenerLimits`: a connection must send
+its first request's header within ``header_timeout_s``, an idle keep-alive connection is
+closed after ``idle_timeout_s``, and one address may hold ``max_connections_per_address``
+connections (all addresses together: fewer than the process may open files, so accepting
+never fails for want of a descriptor). A connection over a cap is closed at once; a
+flood of them is logged once, when it starts, not per connection.
+
+`json_errors` turns every 4xx/5xx that aiohttp or a handler raises into the JSON error
+body ``{"error": NAME, "message": TEXT}``, and `parse_json_document` reads an untrusted
+JSON body (refusing what would make ``json`` raise something other than a clean
+refusal: deep nesting, integers over Python's digit limit, NaN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from netopt.errors import ValidationError
+
+__all__ = [
+    "FD_RESERVE",
+    "MAX_CONNECTIONS",
+    "ConnectionGuard",
+    "LimitedSite",
+    "ListenerLimits",
+    "json_errors",
+    "parse_json_document",
+    "start_site",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 4096
+"""Connections one listener holds at most, whatever the descriptor limit."""
+FD_RESERVE = 128
+"""Descriptors kept for files, the database and outgoing connections."""
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    """How long a client may take and how many connections it may hold."""
+
+    header_timeout_s: float = 15.0
+    """A new connection's first request header must have arrived by then."""
+    idle_timeout_s: float = 60.0
+    """A keep-alive connection with no request (a later header included) is closed then."""
+    max_connections_per_address: int = 128
+    """Above a sync's 64 data connections plus its info and manifest requests."""
+    max_connections: int | None = None
+    """None: `MAX_CONNECTIONS`, or the descriptor limit less `FD_RESERVE` if lower."""
+
+    def connection_cap(self) -> int:
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return MAX_CONNECTIONS
+        return max(16, min(MAX_CONNECTIONS, soft - FD_RESERVE))
+
+
+class ConnectionGuard:
+    """Open connections per address and in all; logs each flood once."""
+
+    def __init__(self, limits: ListenerLimits, where: str) -> None:
+        self.limits = limits
+        self.where = where
+        self.cap = limits.connection_cap()
+        self.open_by_address: Counter[str] = Counter()
+        self.open_total = 0
+        self.refused = 0
+        self._flooding: set[str] = set()
+
+    def admit(self, address: str) -> bool:
+        """Count a new connection from ``address``; False (refuse it) when over a cap."""
+        per_address = self.limits.max_connections_per_address
+        if self.open_by_address[address] >= per_address:
+            self._refuse(address, f"{address} holds {per_address} connections")
+            return False
+        if self.open_total >= self.cap:
+            self._refuse("*", f"{self.cap} connections are open")
+            return False
+        self.open_by_address[address] += 1
+        self.open_total += 1
+        return True
+
+    def _refuse(self, key: str, why: str) -> None:
+        self.refused += 1
+        if key not in self._flooding:
+            self._flooding.add(key)
+            log.warning("%s: %s; closing new ones until that drops (logged once)", self.where, why)
+
+    def release(self, address: str) -> None:
+        """Forget a connection `admit` counted."""
+        self.open_total -= 1
+        self.open_by_address[address] -= 1
+        left = self.open_by_address[address]
+        if left <= 0:
+            del self.open_by_address[address]
+        # A flood is over when half the room is free again (no log line per connection).
+        if address in self._flooding and left <= self.limits.max_connections_per_address // 2:
+            self._flooding.discard(address)
+            log.info("%s: connections from %s back under the limit", self.where, address)
+        if "*" in self._flooding and self.open_total <= self.cap // 2:
+            self._flooding.discard("*")
+            log.info("%s: connections back under the limit", self.where)
+
+
+class _LimitedHandler(web.RequestHandler):
+    """aiohttp's connection handler, counted by a `ConnectionGuard`, with a header deadline."""
+
+    def __init__(self, manager: web.Server, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._address: str | None = None
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if peer else "?"
+        if not self._guard.admit(address):
+            self.force_close()
+            return
+        self._address = address
+        timeout_s = self._guard.limits.header_timeout_s
+        self._header_timer = self._loop.call_later(timeout_s, self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        # aiohttp counts a request once its header is parsed; none yet: a slow client.
+        if self._request_count == 0:
+            log.debug("%s: no request header within the deadline", self._guard.where)
+            self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        if self._address is not None:
+            self._guard.release(self._address)
+            self._address = None
+        super().connection_lost(exc)
+
+
+class LimitedSite(web.BaseSite):
+    """A listening socket (``sock``, or ``host``/``port``) for ``runner`` under ``limits``."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        limits: ListenerLimits,
+        *,
+        sock: socket.socket | None = None,
+        host: str | None = None,
+        port: int = 0,
+        access_log: logging.Logger | None = None,
+        backlog: int = 256,
+    ) -> None:
+        super().__init__(runner, backlog=backlog)
+        self._limits = limits
+        self._sock = sock
+        self._host = host
+        self._port = port
+        self._access_log = access_log
+        self.guard: ConnectionGuard | None = None
+
+    @property
+    def name(self) -> str:
+        if self._sock is not None:
+            host, port = self._sock.getsockname()[:2]
+            return f"http://{host}:{port}"
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        guard = self.guard = ConnectionGuard(self._limits, self.name)
+        idle_s = self._limits.idle_timeout_s
+        access_log = self._access_log
+
+        def factory() -> web.RequestHandler:
+            return _LimitedHandler(
+                server, guard, loop=loop, keepalive_timeout=idle_s, access_log=access_log
+            )
+
+        if self._sock is not None:
+            self._server = await loop.create_server(factory, sock=self._sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(
+                factory, self._host, self._port, backlog=self._backlog, reuse_address=True
+            )
+
+
+async def start_site(
+    runner: web.BaseRunner,
+    limits: ListenerLimits | None = None,
+    *,
+    sock: socket.socket | None = None,
+    host: str | None = None,
+    port: int = 0,
+    access_log: logging.Logger | None = None,
+) -> LimitedSite:
+    """Listen for ``runner`` (set up) under ``limits``; OSError when the address is taken."""
+    site = LimitedSite(
+        runner, limits or ListenerLimits(), sock=sock, host=host, port=port, access_log=access_log
+    )
+    await site.start()
+    return site
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"JSON constant {name} is not allowed (numbers must be finite)")
+
+
+def parse_json_document(raw: bytes) -> Any:
+    """Decode an untrusted UTF-8 JSON body; ValidationError for anything malformed."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationError("body is not UTF-8") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"body is not JSON: {exc.msg} at offset {exc.pos}") from None
+    except RecursionError:
+        raise ValidationError("body nests too deeply") from None
+    except ValueError as exc:  # an integer over the digit limit, a refused constant
+        raise ValidationError(f"body is not acceptable JSON: {str(exc)[:120]}") from None
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer an HTTP error raised below as a JSON body with the same status."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise  # a redirect, or an error that already has its JSON body
+        message = exc.text if exc.text and exc.content_type == "text/plain" else exc.reason
+        name = type(exc).__name__.removeprefix("HTTP")
+        return web.json_response(
+            {"error": name, "message": (message or "")[:500]}, status=exc.status
+        )
