@@ -27,7 +27,11 @@ from netopt.errors import NetworkError, ValidationError
 # Logs under the sync engine's name, as it did before this module was split from it.
 log = logging.getLogger("netopt.dataplane.sync")
 
-__all__ = ["Asked", "stream_worker"]
+__all__ = ["IDLE_STREAM_S", "Asked", "stream_worker"]
+
+IDLE_STREAM_S = 1.0
+"""How long a stream may stay open with nothing asked (below the source's stall timeout,
+at least 2 s), waiting at the tail to take over another stream's chunk."""
 
 
 class Asked(deque[str]):
@@ -126,18 +130,33 @@ def _steal(run: SyncRun, mine: deque[str] | None) -> str | None:
 
 async def _run_stream(
     run: SyncRun, stream: ChunkStream, asked: Asked, on_stored: Callable[[str], None]
-) -> None:
-    """Read frames off ``stream`` until nothing is left to ask.
+) -> bool:
+    """Read frames off ``stream`` until nothing is left to ask; True when it left idle
+    while another stream may still need help.
 
     Stops early, dropping the connection, once every chunk still expected on it has
-    arrived over another stream. An idle stream is not kept open at the tail: its
-    connection would sit with no bytes to read, which is what a stall looks like
-    (the source abandons a connection that receives nothing for its stall timeout).
+    arrived over another stream. At the tail an idle stream stays while another
+    stream may still need help, for at most `IDLE_STREAM_S`: longer, its connection
+    would sit with no bytes to read, which is what a stall looks like (the source
+    abandons a connection that receives nothing for its stall timeout), so it ends
+    its request and `stream_worker` opens a fresh one to help.
     """
     inflight: set[asyncio.Task[None]] = set()
+    idle_since_s: float | None = None
+    helping = False
     try:
         _top_up(run, stream, asked)
-        while asked:
+        while asked or _lagging(run, asked):
+            if not asked:
+                now_s = time.monotonic()
+                idle_since_s = now_s if idle_since_s is None else idle_since_s
+                if now_s - idle_since_s > IDLE_STREAM_S:
+                    helping = True
+                    break
+                await asyncio.sleep(run.options.steal_after_s / 5)
+                _top_up(run, stream, asked)
+                continue
+            idle_since_s = None
             if all(cid in run.claimed for cid in asked):
                 trace.count("streams_cut_in_tail")
                 break
@@ -159,6 +178,7 @@ async def _run_stream(
     for result in results:
         if isinstance(result, BaseException):
             raise result
+    return helping
 
 
 async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
@@ -173,7 +193,8 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     stream route.
     """
     failures = 0
-    while run.open_stream is not None and (run.queue or _lagging(run, None)):
+    helping = False
+    while run.open_stream is not None and (run.queue or (helping and _lagging(run, None))):
         if not run.queue and _steal(run, None) is None:
             # Idle at the tail: stay while another stream may still need help.
             await asyncio.sleep(run.options.steal_after_s / 5)
@@ -182,8 +203,9 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
         asked = Asked()
         run.asking.append(asked)
         failure: NetworkError | None = None
+        helping = False
         try:
-            await _run_stream(run, stream, asked, on_stored)
+            helping = await _run_stream(run, stream, asked, on_stored)
         except ValidationError:
             if run.chunks_done or run.retries:
                 raise

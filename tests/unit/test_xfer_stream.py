@@ -113,8 +113,8 @@ async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path
     sink = CountingSink()
     summary = await sync_manifest(manifest, source, sink, tmp_path, FAST)
     assert (tmp_path / "f.bin").read_bytes() == data
-    # An idle stream ends its request at the tail and opens a fresh one to take over a
-    # chunk: every stream after the first ran at the fast pace.
+    # The idle stream takes over a chunk on its own request, or on a fresh one when it
+    # waited longer than IDLE_STREAM_S: every stream after the first runs at the fast pace.
     slow = source.streams[0]
     fast_asked = set().union(*(set(s.asked) for s in source.streams[1:]))
     stolen = set(slow.asked[slow.sent :]) | (set(slow.asked) & fast_asked)
