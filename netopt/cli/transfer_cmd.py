@@ -325,6 +325,14 @@ class _Bar:
     show_default=True,
     help="Average chunk size in bytes when chunking a path or a web directory here.",
 )
+@click.option(
+    "--retry-window-s",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="How long a chunk is retried while the source or the link is down (a restart, "
+    "an outage) before the sync fails.",
+)
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the token.")
 @click.option(
     "--share/--no-share",
@@ -368,6 +376,7 @@ def sync_command(
     link_rate_mbps: float | None,
     link_loss: float,
     chunk_size_bytes: int,
+    retry_window_s: float,
     token_file: str | None,
     share: bool | None,
     coordinator_url: str | None,
@@ -401,6 +410,7 @@ def sync_command(
     from netopt.cache.syncer import SyncRequest, run_sync
     from netopt.cli.cache_cmd import resolve_cache
     from netopt.dataplane.httpsource import ClientOptions
+    from netopt.dataplane.synctypes import SyncOptions
 
     sharing = _sharing_options(share, config_file, coordinator_url, node, token)
     client = ClientOptions(
@@ -419,6 +429,7 @@ def sync_command(
         dry_run=dry_run,
         region=where.region,
         catalogue=where.catalogue,
+        sync_options=SyncOptions(retry_window_s=retry_window_s),
         source_options=SourceOptions(
             client=client,
             name=name,

@@ -204,6 +204,7 @@ async def fetch_info_and_manifest(
         trace.mark("info_manifest")
         source.meta_wire_bytes = early.wire_bytes
         info = source.info_from_dict(early.info, early.rtt_s * 1000)
+        source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
         return _asked_for(url, info, source.manifest_from_doc(early.manifest))
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
@@ -219,6 +220,7 @@ async def fetch_info_and_manifest(
     # The data connections' handshakes measured the round trip too.
     rtts_ms = [rtt_s * 1000 for rtt_s in source.connect_rtts_s]
     info = replace(info, rtt_ms=min([info.rtt_ms, *rtts_ms]))
+    source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
     return _asked_for(url, info, manifest_task.result())
 
 

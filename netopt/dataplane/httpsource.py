@@ -2,11 +2,13 @@
 
 One aiohttp session with up to ``streams`` connections, each socket asking the kernel
 for the configured congestion control (bbr by default; a socket connected early by
-`netopt.dataplane.prefetch` is used first), an optional token-bucket bandwidth limit,
-and aiohttp's exceptions turned into netopt's. Chunks come one per request, in batches
-(one request, many frames) or over a full-duplex stream (`open_stream`). Also here: the
-dataset URL (``netopt://HOST:PORT/NAME``), the client's options and the dataset info the
-server sends before any chunk moves. `netopt.dataplane.client` uses these to sync a URL.
+`netopt.dataplane.prefetch` is used first), a stall timeout on every connection (a
+few RTTs without a byte: the connection is dropped, see `stall_timeout_s`), an
+optional token-bucket bandwidth limit, and aiohttp's exceptions turned into netopt's.
+Chunks come one per request, in batches (one request, many frames) or over a
+full-duplex stream (`open_stream`). Also here: the dataset URL
+(``netopt://HOST:PORT/NAME``), the client's options and the dataset info the server
+sends before any chunk moves. `netopt.dataplane.client` uses these to sync a URL.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from netopt.dataplane.limits import (
     check_manifest_bounds,
     check_manifest_shape,
 )
-from netopt.dataplane.sockets import set_congestion_control
+from netopt.dataplane.sockets import set_congestion_control, set_user_timeout
 from netopt.dataplane.streaming import HttpChunkStream, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
@@ -58,12 +60,30 @@ __all__ = [
     "DatasetUrl",
     "HttpChunkSource",
     "parse_dataset_url",
+    "stall_timeout_s",
 ]
 
 _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/([^/?#]+)$")
 _READ_PIECE_BYTES = 64 * 1024
 _READ_BUFFER_BYTES = 4 * 1024 * 1024
 _ERROR_TEXT_BYTES = 200
+STALL_MIN_S = 2.0
+STALL_MAX_S = 10.0
+STALL_RTTS = 4
+"""A connection that receives nothing for ``STALL_RTTS`` round trips (at least
+``STALL_MIN_S``, at most ``STALL_MAX_S``) is taken for stalled."""
+
+
+def stall_timeout_s(rtt_s: float | None) -> float:
+    """Seconds without a byte after which a data connection is abandoned for a fresh one:
+    a few RTTs, bounded; the upper bound while the RTT is unknown.
+
+    After a link cut, TCP retransmits on a timer that doubles with each loss, so an
+    old connection may wait many seconds after the link is back; a fresh one does not.
+    """
+    if rtt_s is None:
+        return STALL_MAX_S
+    return min(max(STALL_MIN_S, STALL_RTTS * rtt_s), STALL_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -106,8 +126,14 @@ class ClientOptions:
     streams: int = 8
     congestion_control: str | None = "bbr"
     rate_limit_bps: float | None = None
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = 3.0
+    """One connect attempt (s). Short, so a sync retrying a dead server or link probes
+    it with a fresh SYN this often rather than on TCP's backed-off SYN timer."""
     read_timeout_s: float = 60.0
+    """Waiting for a response's headers (s)."""
+    stall_timeout_s: float | None = None
+    """Seconds a data connection may receive nothing (and sent data stay unacknowledged,
+    ``TCP_USER_TIMEOUT``) before it is dropped; None: `stall_timeout_s` of the RTT."""
     max_manifest_entries: int = MAX_MANIFEST_ENTRIES
     """Files plus chunk references a manifest may list (its bytes: 128 per entry)."""
 
@@ -147,16 +173,51 @@ class HttpChunkSource:
         """TCP handshake times of the connections opened so far (one RTT each)."""
         self.owns_prefetch = False
         """True for the sync's main source: closing it closes the prefetch's untaken sockets."""
+        self.rtt_s: float | None = None
+        """The round trip to the server (s) once measured (`fetch_info_and_manifest` sets
+        it); until then the fastest handshake so far stands in."""
+
+    @property
+    def stall_timeout_s(self) -> float:
+        """Seconds a data connection may receive nothing before it is dropped."""
+        if self.options.stall_timeout_s is not None:
+            return self.options.stall_timeout_s
+        rtt_s = self.rtt_s
+        if rtt_s is None and self.connect_rtts_s:
+            rtt_s = min(self.connect_rtts_s)
+        return stall_timeout_s(rtt_s)
 
     def _socket_factory(self, addr_info: Any) -> socket.socket:
         family, type_, proto, _, _ = addr_info
         connected = prefetch.take_socket(self.url.host, self.url.port, family)
         if connected is not None:
+            set_user_timeout(connected, self.stall_timeout_s)
             return connected
         sock = socket.socket(family, type_, proto)
         if self.options.congestion_control is not None:
             set_congestion_control(sock, self.options.congestion_control)
+        set_user_timeout(sock, self.stall_timeout_s)
         return sock
+
+    def _watch_stalls(self, resp: aiohttp.ClientResponse) -> None:
+        """Arm stall detection on ``resp``'s connection: aiohttp fails the read once no
+        byte has arrived for `stall_timeout_s` (its clock stops while this side is the
+        slow one), and the kernel drops the connection once what this side sent stays
+        unacknowledged that long. The stream then breaks, and the sync engine asks
+        again on a fresh connection."""
+        conn = resp.connection
+        if conn is None or conn.protocol is None:
+            return
+        stall_s = self.stall_timeout_s
+        conn.protocol.read_timeout = stall_s
+        conn.protocol.start_timeout()  # the headers just came: the clock starts now
+        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+        if sock is not None:
+            set_user_timeout(sock, stall_s)
+
+    async def _check_data_response(self, resp: aiohttp.ClientResponse, where: str) -> None:
+        self._watch_stalls(resp)
+        await self._check_status(resp, where)
 
     async def __aenter__(self) -> HttpChunkSource:
         connector = aiohttp.TCPConnector(
@@ -212,7 +273,7 @@ class HttpChunkSource:
             {"level": str(self.zstd_level or 0)},
             f"{self.url} ({self.url.base}{path})",
             f"{self.url} is unreachable",
-            self._check_status,
+            self._check_data_response,
             self._read_exactly,
         )
 
@@ -264,7 +325,7 @@ class HttpChunkSource:
         trace.mark("first_request")
         try:
             async with session.post(self.url.base + path, params=params, json=body) as resp:
-                await self._check_status(resp, where)
+                await self._check_data_response(resp, where)
                 for i, (expected_id, length) in enumerate(wanted):
                     raw = await read_frame(resp, self._read_exactly, expected_id, length, where)
                     if i == 0:
@@ -287,7 +348,7 @@ class HttpChunkSource:
         where = f"{self.url} ({self.url.base}{path})"
         try:
             async with session.get(self.url.base + path, params=params) as resp:
-                await self._check_status(resp, where)
+                await self._check_data_response(resp, where)
                 declared = resp.content_length
                 if declared is not None and declared > max_bytes:
                     raise BodyTooLarge(f"{where}: {declared} bytes, at most {max_bytes} expected")

@@ -6,7 +6,8 @@ worker names chunks ahead on the request body, enough to keep about
 arrives, so the connection never idles between batches. At the tail, with the queue
 empty, an idle stream takes over ("steals") a chunk another stream has queued but not
 started receiving, whichever copy arrives first is used, and a stream whose remaining
-chunks all arrived elsewhere is cut. Without a stream route on the server the worker
+chunks all arrived elsewhere is cut. A stream that breaks or stalls is replaced by a
+fresh one (see `stream_worker`). Without a stream route on the server the worker
 falls back to `SyncRun.worker` (batches).
 """
 
@@ -26,7 +27,11 @@ from netopt.errors import NetworkError, ValidationError
 # Logs under the sync engine's name, as it did before this module was split from it.
 log = logging.getLogger("netopt.dataplane.sync")
 
-__all__ = ["Asked", "stream_worker"]
+__all__ = ["IDLE_STREAM_S", "Asked", "stream_worker"]
+
+IDLE_STREAM_S = 1.0
+"""How long a stream may stay open with nothing asked (below the source's stall timeout,
+at least 2 s), waiting at the tail to take over another stream's chunk."""
 
 
 class Asked(deque[str]):
@@ -34,6 +39,8 @@ class Asked(deque[str]):
 
     def __init__(self) -> None:
         super().__init__()
+        self.frames = 0
+        """Frames that arrived on this stream."""
         self.last_frame_s = time.monotonic()
         self.frame_interval_s = 0.0
         """Smoothed seconds between frames (0 until two have arrived)."""
@@ -45,6 +52,7 @@ class Asked(deque[str]):
             gap_s if not self.frame_interval_s else 0.7 * self.frame_interval_s + 0.3 * gap_s
         )
         self.last_frame_s = now_s
+        self.frames += 1
 
     def wait_s(self, position: int) -> float:
         """Estimated seconds until the chunk at ``position`` arrives (0: the one arriving).
@@ -86,7 +94,7 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: deque[str]) -> None:
             trace.count("tail_steals")
 
 
-def _lagging(run: SyncRun, mine: deque[str]) -> bool:
+def _lagging(run: SyncRun, mine: deque[str] | None) -> bool:
     """True while the queue is empty and another stream has a chunk queued behind the
     one it is receiving, not yet arrived anywhere (one this stream might take over)."""
     if run.queue:
@@ -97,7 +105,7 @@ def _lagging(run: SyncRun, mine: deque[str]) -> bool:
     )
 
 
-def _steal(run: SyncRun, mine: deque[str]) -> str | None:
+def _steal(run: SyncRun, mine: deque[str] | None) -> str | None:
     """The last-queued chunk of the most loaded other stream that has not started
     arriving there, that no other stream has asked for too, and that is expected there
     later than `SyncOptions.steal_after_s` from now; None if there is none."""
@@ -122,22 +130,33 @@ def _steal(run: SyncRun, mine: deque[str]) -> str | None:
 
 async def _run_stream(
     run: SyncRun, stream: ChunkStream, asked: Asked, on_stored: Callable[[str], None]
-) -> int:
-    """Read frames off ``stream`` until nothing is left to ask; the frames received.
+) -> bool:
+    """Read frames off ``stream`` until nothing is left to ask; True when it left idle
+    while another stream may still need help.
 
     Stops early, dropping the connection, once every chunk still expected on it has
-    arrived over another stream.
+    arrived over another stream. At the tail an idle stream stays while another
+    stream may still need help, for at most `IDLE_STREAM_S`: longer, its connection
+    would sit with no bytes to read, which is what a stall looks like (the source
+    abandons a connection that receives nothing for its stall timeout), so it ends
+    its request and `stream_worker` opens a fresh one to help.
     """
-    received = 0
     inflight: set[asyncio.Task[None]] = set()
+    idle_since_s: float | None = None
+    helping = False
     try:
         _top_up(run, stream, asked)
         while asked or _lagging(run, asked):
             if not asked:
-                # Idle at the tail: stay while another stream may still need help.
+                now_s = time.monotonic()
+                idle_since_s = now_s if idle_since_s is None else idle_since_s
+                if now_s - idle_since_s > IDLE_STREAM_S:
+                    helping = True
+                    break
                 await asyncio.sleep(run.options.steal_after_s / 5)
                 _top_up(run, stream, asked)
                 continue
+            idle_since_s = None
             if all(cid in run.claimed for cid in asked):
                 trace.count("streams_cut_in_tail")
                 break
@@ -145,7 +164,6 @@ async def _run_stream(
             raw = await stream.next(chunk_id, run.lengths[chunk_id])
             asked.popleft()
             asked.arrived()
-            received += 1
             run.wire_bytes += raw.wire_bytes
             if chunk_id in run.claimed:
                 run.duplicate_wire_bytes += raw.wire_bytes
@@ -160,22 +178,34 @@ async def _run_stream(
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return received
+    return helping
 
 
 async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     """Like `SyncRun.worker`, over one chunk stream per connection: the next chunk is named as
     soon as one arrives, so the connection never idles and work spreads to the end.
 
-    Falls back to batches when the server has no stream route.
+    A stream that breaks (a server restarting, a link cut, a connection the source
+    found stalled) charges the chunk it was receiving (`SyncRun.charge`), puts its
+    chunks back in the queue, waits (`SyncRun.backoff_s`) and opens a fresh stream, on
+    a fresh connection: while the server or the link is down, that probes it about
+    every `SyncOptions.backoff_max_s`. Falls back to batches when the server has no
+    stream route.
     """
-    while run.queue and run.open_stream is not None:
+    failures = 0
+    helping = False
+    while run.open_stream is not None and (run.queue or (helping and _lagging(run, None))):
+        if not run.queue and _steal(run, None) is None:
+            # Idle at the tail: stay while another stream may still need help.
+            await asyncio.sleep(run.options.steal_after_s / 5)
+            continue
         stream = run.open_stream()
         asked = Asked()
         run.asking.append(asked)
         failure: NetworkError | None = None
+        helping = False
         try:
-            await _run_stream(run, stream, asked, on_stored)
+            helping = await _run_stream(run, stream, asked, on_stored)
         except ValidationError:
             if run.chunks_done or run.retries:
                 raise
@@ -184,12 +214,18 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             run.open_stream = None
         except NetworkError as exc:
             failure = exc
+            if asked:  # the chunk being received is the one the failure hit
+                run.charge(asked[0], exc)
         finally:
-            run.asking.remove(asked)
+            # By identity: deques compare by content, and two streams' may be equal (empty).
+            run.asking[:] = [other for other in run.asking if other is not asked]
             run.requeue([cid for cid in asked if cid not in run.claimed])
             await stream.aclose(complete=not asked)
-        if failure is not None and run.queue:
-            await asyncio.sleep(run.count_failure(run.queue[0], failure))
+        if failure is not None:
+            failures = 1 if asked.frames else failures + 1
+            trace.count("stream_failures")
+            log.debug("stream failed (%d in a row): %s", failures, failure)
+            await asyncio.sleep(run.backoff_s(failures))
     if run.queue:
         await run.worker(on_stored)
     trace.count("streams_ended")

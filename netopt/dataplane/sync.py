@@ -2,7 +2,9 @@
 
 Chunks missing from the sink are fetched by ``streams`` workers in file order,
 decoded and verified (BLAKE3 and length) in a thread pool sized to the cores,
-retried with exponential backoff when the network or the check fails, and
+retried with exponential backoff and jitter when the network or the check fails
+(a network failure for up to ``retry_window_s`` per chunk, so a sync rides out a
+server restart or a link cut; a stalled connection is abandoned for a fresh one), and
 stored in the sink; a bad chunk is never stored. As soon as every chunk of a
 file is in the sink the file is written under a temporary name, fsynced and
 renamed into place with its mode and mtime, so files appear whole or not at
@@ -77,8 +79,9 @@ async def sync_manifest(
     """Make ``dest`` hold ``manifest``'s files; return what it took.
 
     Files already present with the manifest's size and mtime are skipped. Raises
-    NetworkError / PeerUnreachableError when a chunk cannot be fetched after
-    ``options.max_attempts``, IntegrityError when it never verifies,
+    NetworkError / PeerUnreachableError when a chunk has kept failing for
+    ``options.retry_window_s``, IntegrityError when ``options.max_attempts`` copies of
+    a chunk fail their check,
     PathTraversalError when a path would leave ``dest``, StorageError on disk
     failures. Whatever was verified stays in ``sink`` for the next run.
     """

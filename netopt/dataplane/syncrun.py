@@ -4,9 +4,10 @@
 share: the queue of chunks still to fetch (in file order), the byte and chunk counters
 behind progress and the summary, and per-chunk failure counts for the retry schedule.
 Each received chunk is verified (BLAKE3 and length) in the run's thread pool and stored
-in the sink (`SyncRun.process`); a bad one goes back in the queue. `SyncRun.worker`
-fetches over the source's batch route; the stream route's worker, which shares this
-state, is `netopt.dataplane.streamwork.stream_worker`.
+in the sink (`SyncRun.process`); a bad one goes back in the queue. A failure is charged
+to the chunk that failed, which is retried for `SyncOptions.retry_window_s` (see
+`SyncRun.charge`). `SyncRun.worker` fetches over the source's batch route; the stream
+route's worker, which shares this state, is `netopt.dataplane.streamwork.stream_worker`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress
-from netopt.errors import IntegrityError, NetoptError, NetworkError, ProtocolError
+from netopt.errors import (
+    IntegrityError,
+    NetoptError,
+    NetworkError,
+    PeerUnreachableError,
+    ProtocolError,
+)
 from netopt.transfer.manifest import FileEntry, Manifest
 
 if TYPE_CHECKING:
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("netopt.dataplane.sync")
 
-__all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight"]
+__all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight", "retries_exhausted"]
 
 IN_FLIGHT = 4
 """Received chunks per stream that may be verifying or storing while the next arrives."""
@@ -50,6 +57,19 @@ async def bounded_inflight(inflight: set[asyncio.Task[None]]) -> set[asyncio.Tas
     for task in done:
         task.result()
     return pending
+
+
+def retries_exhausted(
+    exc: NetoptError, chunk_id: str, failing_s: float, window_s: float
+) -> NetworkError:
+    """The error a sync ends with when ``chunk_id`` kept failing for its retry window:
+    of ``exc``'s kind (PeerUnreachableError for a server that cannot be reached), saying
+    how long it tried and how to allow longer."""
+    kind = PeerUnreachableError if isinstance(exc, PeerUnreachableError) else NetworkError
+    return kind(
+        f"gave up on chunk {chunk_id[:16]} after {failing_s:.1f} s of failures (retry window "
+        f"{window_s:g} s, --retry-window-s); last error: {exc}"
+    )
 
 
 class SyncRun:
@@ -76,7 +96,9 @@ class SyncRun:
         self.started_s = time.monotonic()
         self.queue: deque[str] = deque()
         self.queued_bytes = 0
-        self.attempts: Counter[str] = Counter()
+        self.failing_since_s: dict[str, float] = {}
+        """Chunks that failed and have not arrived since: when they first failed (monotonic s)."""
+        self.bad_copies: Counter[str] = Counter()
         self.wire_bytes = 0
         self.fetched_logical_bytes = 0
         self.logical_done_bytes = 0
@@ -113,27 +135,25 @@ class SyncRun:
             )
 
     async def fetch_verified(self, chunk_id: str) -> bytes:
-        """Fetch and verify one chunk, retrying network and integrity failures."""
+        """Fetch and verify one chunk, retrying network and integrity failures (see
+        `charge`)."""
         length = self.lengths[chunk_id]
-        delay_s = self.options.backoff_initial_s
-        for attempt in range(1, self.options.max_attempts + 1):
+        failures = 0
+        while True:
             try:
                 raw = await self.source.fetch_chunk(chunk_id, length)
                 self.wire_bytes += raw.wire_bytes
                 data: bytes = await self.in_thread(decode_chunk, raw, chunk_id, length)
-                self.fetched_logical_bytes += length
-                return data
             except ProtocolError:
                 raise
-            except (NetworkError, IntegrityError):
-                if attempt == self.options.max_attempts:
-                    raise
-                self.retries += 1
-                await asyncio.sleep(
-                    min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
-                )
-                delay_s *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
+            except (NetworkError, IntegrityError) as exc:
+                self.charge(chunk_id, exc)
+                failures += 1
+                await asyncio.sleep(self.backoff_s(failures))
+                continue
+            self.fetched_logical_bytes += length
+            self.failing_since_s.pop(chunk_id, None)
+            return data
 
     def take_batch(self) -> list[str]:
         """The next chunks for one request: a fair share of what is left, at most batch_bytes."""
@@ -156,13 +176,28 @@ class SyncRun:
             self.queue.appendleft(chunk_id)
             self.queued_bytes += self.lengths[chunk_id]
 
-    def count_failure(self, chunk_id: str, exc: NetoptError) -> float:
-        """Record a failed try; re-raise ``exc`` when out of tries, else the backoff in s."""
-        self.attempts[chunk_id] += 1
-        if self.attempts[chunk_id] >= self.options.max_attempts:
-            raise exc
+    def charge(self, chunk_id: str, exc: NetoptError) -> None:
+        """Charge a failed try to ``chunk_id``, the chunk that failed.
+
+        Re-raises a network failure once the chunk has been failing for
+        `SyncOptions.retry_window_s` since its first failure (naming the window), and an
+        IntegrityError on the chunk's `SyncOptions.max_attempts`-th bad copy.
+        """
+        now_s = time.monotonic()
+        first_s = self.failing_since_s.setdefault(chunk_id, now_s)
+        if isinstance(exc, IntegrityError):
+            self.bad_copies[chunk_id] += 1
+            if self.bad_copies[chunk_id] >= self.options.max_attempts:
+                raise exc
+        elif now_s - first_s >= self.options.retry_window_s:
+            raise retries_exhausted(exc, chunk_id, now_s - first_s, self.options.retry_window_s)
         self.retries += 1
-        delay_s = self.options.backoff_initial_s * 2.0 ** (self.attempts[chunk_id] - 1)
+
+    def backoff_s(self, failures_in_a_row: int) -> float:
+        """The wait before the next try after ``failures_in_a_row`` failures of a stream:
+        exponential from `SyncOptions.backoff_initial_s`, capped at `backoff_max_s`,
+        with jitter (x 0.5..1) so streams do not retry in step."""
+        delay_s = self.options.backoff_initial_s * 2.0 ** min(max(failures_in_a_row - 1, 0), 30)
         return min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
 
     async def process(self, chunk_id: str, raw: RawChunk, on_stored: Callable[[str], None]) -> None:
@@ -172,12 +207,13 @@ class SyncRun:
                 data = await self.in_thread(decode_chunk, raw, chunk_id, self.lengths[chunk_id])
         except IntegrityError as exc:
             self.claimed.discard(chunk_id)
-            self.count_failure(chunk_id, exc)
+            self.charge(chunk_id, exc)
             self.requeue([chunk_id])
             return
         self.fetched_logical_bytes += len(data)
         with trace.timed("put_await"):
             await self.sink.put(chunk_id, data)
+        self.failing_since_s.pop(chunk_id, None)
         self.chunks_done += 1
         self.logical_done_bytes += len(data)
         on_stored(chunk_id)
@@ -195,6 +231,7 @@ class SyncRun:
         Verifying and storing run beside the download (up to `IN_FLIGHT` chunks per
         stream), so the connection keeps reading while a chunk is hashed and fsynced.
         """
+        failures = 0
         while self.queue:
             batch = self.take_batch()
             received = 0
@@ -222,7 +259,10 @@ class SyncRun:
             if failure is not None:
                 rest = batch[received:]
                 self.requeue(rest)
-                await asyncio.sleep(self.count_failure(rest[0], failure))
+                if rest:  # the first chunk not received is the one the failure hit
+                    self.charge(rest[0], failure)
+                failures = 1 if received else failures + 1
+                await asyncio.sleep(self.backoff_s(failures))
 
     def file_done(self, entry: FileEntry) -> None:
         self.files_written += 1

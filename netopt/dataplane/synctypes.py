@@ -18,9 +18,19 @@ class SyncOptions:
     """How hard to try: parallel fetches and the retry schedule."""
 
     streams: int = 8
+    retry_window_s: float = 60.0
+    """A chunk whose fetch keeps failing on the network (a server restarting, a link
+    cut) is retried until it has been failing for this long (s), counted per chunk
+    from its first failure; then the sync fails. A chunk that arrives is forgiven."""
     max_attempts: int = 6
+    """Copies of one chunk that may fail their check (BLAKE3, length) before the sync
+    fails with IntegrityError."""
     backoff_initial_s: float = 0.2
-    backoff_max_s: float = 5.0
+    """First wait (s) after a stream fails; it doubles with each failure in a row, with
+    jitter (x 0.5..1), up to `backoff_max_s`."""
+    backoff_max_s: float = 1.0
+    """Longest wait (s) between tries: while a server or link is down, each stream
+    probes it with a fresh connection about this often."""
     worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     batch_bytes: int = 8 * 1024 * 1024
     """At most this many logical bytes per request; less near the end, to keep streams even."""

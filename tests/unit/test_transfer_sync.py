@@ -20,7 +20,9 @@ from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import IntegrityError, NetworkError, PathTraversalError
 from netopt.transfer.manifest import FileEntry, Manifest
 
-FAST = SyncOptions(streams=3, max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.002)
+FAST = SyncOptions(
+    streams=3, retry_window_s=0.05, max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.002
+)
 
 
 def _dataset(files: dict[str, bytes]) -> tuple[Manifest, dict[str, bytes]]:
