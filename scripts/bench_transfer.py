@@ -1,20 +1,34 @@
 #!/usr/bin/env python3
-"""Benchmark netopt's data plane against curl, aria2c, rsync and iperf3 on the lab link.
+"""Benchmark netopt's data plane against curl, aria2c, rclone, rsync and iperf3 on the lab link.
 
     sudo .venv/bin/python scripts/bench_transfer.py --size-mb 50
+    sudo .venv/bin/python scripts/bench_transfer.py --topology configs/lab/bench-limit.yaml \
+        --data packages,images,parquet,tokens,jsonl,random,smallfiles --corpus-dir /var/tmp/corpus
 
-Builds the lab in configs/lab/bench-transfer.yaml (hk <-> us: 100 Mbit/s, 80 ms
-RTT, 1% loss each way), puts a JSON-lines file and an incompressible file on
-us-1, and fetches each to hk-1 with every tool, once with the nodes' default
+Builds the lab in --topology (default configs/lab/bench-transfer.yaml, hk <-> us:
+100 Mbit/s, 80 ms RTT, 1% loss each way; configs/lab/bench-limit.yaml is issue 14's
+80 Mbit/s, 140 ms RTT, 1% loss), builds the corpus kinds named by --data from real
+files of this machine (scripts/corpus.py; --size-mb each) and fetches each kind,
+a directory, from us-1 to hk-1 with every tool, once with the nodes' default
 congestion control left at bbr and once with reno (loss-based; a namespace
 cannot default to cubic, see shared/LAB.md). netopt's server sets bbr on its own
 sockets in both modes: that is the point of comparing against the tools' default.
 
-Per run: seconds, effective (logical) Mbit/s, bytes on the wire (IP bytes
-us -> hk from the lab's relay counters), wire Mbit/s, CPU seconds (client +
-server) and, for netopt, the plan's predicted time. Every run is bounded by
---timeout-s; a run cut short reports its rate from the bytes that did arrive
-(marked "timeout"). Needs root.
+The peers run in their strongest configuration: nginx on us-1 (foreground, a
+temp config: ranges, keep-alive, listings) serves curl, ``aria2c -x16 -s16``
+(trees: an input file of every URL, ``-j 16``) and ``rclone copy --http-url``
+(``--multi-thread-streams 16``, ``--transfers 16``; ``--http-no-head`` on trees of
+small files); an rsync daemon serves ``rsync -a -z --compress-choice=zstd``; curl
+fetches a tree with one process, the URLs in sequence over one connection.
+
+Per run: seconds, effective (logical) Mbit/s, share of the kind's limit (the same
+mode's ``iperf3 -P8`` x the kind's best zstd ratio among --limit-levels; iperf3
+alone for an incompressible kind), bytes on the wire (IP bytes us -> hk from the
+lab's relay counters), CPU seconds (client + server) and, for netopt, the plan's
+predicted time and its error. A summary per kind and mode sets netopt's share
+against issue 14's goal (0.85; 0.95 incompressible; 0.7 for smallfiles) and the
+best peer. Every run is bounded by --timeout-s; a run cut short reports its rate
+from the bytes that did arrive (status "timeout"). Needs root.
 
 With ``--precompress LEVEL`` a second netopt origin, ``netopt-pre``, first
 publishes the dataset (``netopt serve --precompress LEVEL``: every chunk compressed
@@ -38,12 +52,19 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import KINDS, RATIO_LEVELS, KindInfo, build_corpus, print_kinds
 
 from netopt.lab import Lab
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-transfer.yaml"
-TOOLS = ("iperf3", "netopt", "curl", "aria2c", "rsync")
+TOOLS = ("iperf3", "netopt", "curl", "aria2c", "rclone", "rsync")
 PORTS = {"http": 8080, "rsync": 8873, "netopt": 7470, "netopt-pre": 7471, "iperf3": 5201}
 
 
@@ -62,6 +83,25 @@ class Row:
     """netopt's own count of seconds (without interpreter start-up and codec-profile load)."""
     publish_s: float | None = None
     """netopt-pre: seconds the origin took to precompress the dataset (before any run)."""
+    exit_code: int | None = 0
+    complete: bool = True
+    """Every byte of the kind arrived."""
+    plan_rtt_ms: float | None = None
+    """The RTT netopt's plan used, when its JSON says."""
+    limit_mbps: float | None = None
+    """iperf3 -P8 of the same mode x the kind's best zstd ratio (iperf3 alone if incompressible)."""
+
+    @property
+    def share(self) -> float | None:
+        return self.effective_mbps / self.limit_mbps if self.limit_mbps else None
+
+    @property
+    def status(self) -> str:
+        if self.timed_out:
+            return "timeout"
+        if self.exit_code:
+            return f"exit {self.exit_code}"
+        return "ok" if self.complete else "missing bytes"
 
     @property
     def effective_mbps(self) -> float:
@@ -133,8 +173,8 @@ def run_client(
     timeout_s: float,
     server_pid: int | None,
     env: dict[str, str] | None = None,
-) -> tuple[float, int, float, bool, str, float]:
-    """Run ``argv`` on hk-1: seconds, wire bytes, CPU seconds, timed out, stdout, start.
+) -> tuple[float, int, float, bool, str, float, int | None]:
+    """Run ``argv`` on hk-1: seconds, wire bytes, CPU seconds, timed out, stdout, start, rc.
 
     ``start`` is ``time.monotonic()`` at launch (the clock a trace's marks use).
     """
@@ -162,7 +202,8 @@ def run_client(
         cpu += proc_cpu_s(server_pid) - before_srv
     if proc.returncode not in (0, None) and not timed_out:
         print(f"  ! {argv[0]} exited {proc.returncode}: {err.strip()[-300:]}", file=sys.stderr)
-    return seconds, wire_bytes(lab) - before_wire, cpu, timed_out, out, start
+    rc = None if timed_out else proc.returncode
+    return seconds, wire_bytes(lab) - before_wire, cpu, timed_out, out, start, rc
 
 
 def wait_published(log: Path, timeout_s: float) -> float:
@@ -191,33 +232,140 @@ def wait_port(lab: Lab, node: str, port: int, timeout_s: float = 60) -> None:
     raise RuntimeError(f"nothing listens on {node}:{port} after {timeout_s} s")
 
 
+def file_list(info: KindInfo) -> list[str]:
+    """The kind's files, relative to its root (one for a single-file kind)."""
+    if info.single_file:
+        return [info.single_file]
+    return sorted(p.relative_to(info.root).as_posix() for p in info.root.rglob("*") if p.is_file())
+
+
+def nginx_conf(work: Path, root: Path, address: str, port: int) -> Path:
+    """A minimal nginx serving ``root`` with ranges and listings, in the foreground."""
+    for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (work / temp).mkdir(parents=True, exist_ok=True)
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"""daemon off;
+user root;
+worker_processes 2;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  default_type application/octet-stream;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_requests 1000000;
+  client_body_temp_path {work}/body;
+  proxy_temp_path {work}/proxy;
+  fastcgi_temp_path {work}/fastcgi;
+  uwsgi_temp_path {work}/uwsgi;
+  scgi_temp_path {work}/scgi;
+  server {{
+    listen {address}:{port};
+    root {root};
+    autoindex on;
+  }}
+}}
+"""
+    )
+    return conf
+
+
+def peer_argv(
+    tool: str, info: KindInfo, files: list[str], base_url: str, dest: Path, work: Path
+) -> list[str]:
+    """Each peer's strongest configuration for fetching ``files`` of ``info``."""
+    one = info.single_file
+    urls = [f"{base_url}/{quote(f)}" for f in files]
+    if tool == "curl":
+        if one:
+            return ["curl", "-sS", "-o", str(dest / one), urls[0]]
+        # One curl for the whole tree: URLs in sequence over one kept-alive connection.
+        listing = work / "curl.list"
+        listing.write_text(
+            "".join(
+                f'url = "{u}"\noutput = "{dest / f}"\n' for u, f in zip(urls, files, strict=True)
+            )
+        )
+        return ["curl", "-sS", "--create-dirs", "-K", str(listing)]
+    if tool == "aria2c":
+        common = [
+            "aria2c",
+            "-x",
+            "16",
+            "-s",
+            "16",
+            "-k",
+            "1M",
+            "-q",
+            "-d",
+            str(dest),
+            "--file-allocation=none",
+            "--allow-overwrite=true",
+            "--auto-file-renaming=false",
+        ]
+        if one:
+            return [*common, urls[0]]
+        listing = work / "aria2c.list"
+        listing.write_text("".join(f"{u}\n  out={f}\n" for u, f in zip(urls, files, strict=True)))
+        return [*common, "-j", "16", "-i", str(listing)]
+    if tool == "rclone":
+        (work / "rclone.conf").touch()
+        argv = [
+            "rclone",
+            "copy",
+            "--config",
+            str(work / "rclone.conf"),
+            "-q",
+            "--http-url",
+            f"{base_url}/",
+            "--multi-thread-streams",
+            "16",
+            # Parts are at least the cutoff: 256 KiB lets a 4 MB+ file use all 16 streams.
+            "--multi-thread-cutoff",
+            "256k",
+            "--transfers",
+            "16",
+            "--checkers",
+            "16",
+        ]
+        if not one and info.size_bytes / max(1, len(files)) < 4_000_000:
+            # Small files: a HEAD per file (sizes for multi-thread) costs an RTT each.
+            argv.append("--http-no-head")
+        return [*argv, f":http:{one or ''}", str(dest)]
+    raise ValueError(tool)
+
+
+def serve_argv(info: KindInfo, bind: str) -> list[str]:
+    """``netopt serve`` of the kind's directory on ``bind``, bbr on its sockets."""
+    return [sys.executable, "-m", "netopt", "serve", str(info.root), "--name", info.kind,
+            "--no-auth", "--bind", bind, "--cc", "bbr",
+            # Server and client share this machine's cores: plan with one for compression.
+            "--threads", "1"]  # fmt: skip
+
+
 def bench_dataset(
-    lab: Lab, mode: str, name: str, path: Path, out_dir: Path, args: argparse.Namespace
+    lab: Lab, mode: str, info: KindInfo, out_dir: Path, args: argparse.Namespace
 ) -> list[Row]:
     srv = lab.address("us-1")
+    name = info.kind
     rows: list[Row] = []
     servers: dict[str, subprocess.Popen[Any]] = {}
     out_dir.mkdir(parents=True, exist_ok=True)
+    files = file_list(info)
     rsync_conf = out_dir / f"rsyncd-{name}.conf"
     rsync_conf.write_text(
-        f"[data]\n  path = {path.parent}\n  read only = yes\n  use chroot = no\n"
+        f"[data]\n  path = {info.root}\n  read only = yes\n  use chroot = no\n"
         "  uid = root\n  gid = root\n"
     )
     null = subprocess.DEVNULL
-    servers["curl"] = lab.popen(
-        "us-1",
-        [
-            sys.executable,
-            "-m",
-            "http.server",
-            str(PORTS["http"]),
-            "--bind",
-            srv,
-            "--directory",
-            str(path.parent),
-        ],
-        stdout=null,
-        stderr=null,
+    nginx_dir = out_dir / f"nginx-{mode}-{name}"
+    shutil.rmtree(nginx_dir, ignore_errors=True)
+    conf = nginx_conf(nginx_dir, info.root, srv, PORTS["http"])
+    servers["nginx"] = lab.popen(
+        "us-1", ["nginx", "-c", str(conf), "-p", str(nginx_dir)], stdout=null, stderr=null
     )
     servers["rsync"] = lab.popen(
         "us-1",
@@ -233,26 +381,7 @@ def bench_dataset(
         stderr=null,
     )
     servers["netopt"] = lab.popen(
-        "us-1",
-        [
-            sys.executable,
-            "-m",
-            "netopt",
-            "serve",
-            str(path.parent),
-            "--name",
-            name,
-            "--no-auth",
-            "--bind",
-            f"{srv}:{PORTS['netopt']}",
-            "--cc",
-            "bbr",
-            # Server and client share this machine's cores: plan with one for compression.
-            "--threads",
-            "1",
-        ],
-        stdout=null,
-        stderr=null,
+        "us-1", serve_argv(info, f"{srv}:{PORTS['netopt']}"), stdout=null, stderr=null
     )
     publish_log = out_dir / f"publish-{mode}-{name}.log"
     if "netopt-pre" in args.tools:
@@ -261,14 +390,20 @@ def bench_dataset(
         with publish_log.open("w") as log_file:
             servers["netopt-pre"] = lab.popen(
                 "us-1",
-                [sys.executable, "-m", "netopt", "serve", str(path.parent), "--name", name,
-                 "--no-auth", "--bind", f"{srv}:{PORTS['netopt-pre']}", "--cc", "bbr",
-                 "--threads", "1", "--precompress", str(args.precompress),
-                 "--chunk-size", str(args.precompress_chunk_mib * 1024 * 1024),
-                 "--frames-dir", str(out_dir / "frames")],
-                stdout=null, stderr=log_file,
-            )  # fmt: skip
-    servers["aria2c"] = servers["curl"]
+                [
+                    *serve_argv(info, f"{srv}:{PORTS['netopt-pre']}"),
+                    "--precompress",
+                    str(args.precompress),
+                    "--chunk-size",
+                    str(args.precompress_chunk_mib * 1024 * 1024),
+                    "--frames-dir",
+                    str(out_dir / "frames"),
+                ],
+                stdout=null,
+                stderr=log_file,
+            )
+    for peer in ("curl", "aria2c", "rclone"):
+        servers[peer] = servers["nginx"]
     publish_s: float | None = None
     try:
         for port in (PORTS["http"], PORTS["rsync"], PORTS["netopt"]):
@@ -286,59 +421,54 @@ def bench_dataset(
             dest = out_dir / f"{mode}-{name}-{tool}"
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
-            url = f"http://{srv}:{PORTS['http']}/{path.name}"
-            argv = {
-                "curl": ["curl", "-sS", "-o", str(dest / path.name), url],
-                "aria2c": [
-                    "aria2c",
-                    "-x",
-                    "16",
-                    "-s",
-                    "16",
-                    "-k",
-                    "1M",
-                    "-q",
-                    "-d",
+            cache = out_dir / f"{mode}-{name}-cache"
+            if tool.startswith("netopt"):
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "netopt",
+                    "sync",
+                    f"netopt://{srv}:{PORTS[tool]}/{name}",
                     str(dest),
-                    "--file-allocation=none",
-                    "--allow-overwrite=true",
-                    url,
-                ],
-                "rsync": ["rsync", f"rsync://{srv}:{PORTS['rsync']}/data/{path.name}", str(dest)],
-                **{
-                    netopt: [
-                        sys.executable,
-                        "-m",
-                        "netopt",
-                        "sync",
-                        f"netopt://{srv}:{PORTS[netopt]}/{name}",
-                        str(dest),
-                        "--json",
-                        "--link-rate-mbps",
-                        str(args.link_rate_mbps),
-                        "--link-loss",
-                        str(args.link_loss),
-                        # A fresh chunk cache per run: a warm one would measure the disk.
-                        "--cache-dir",
-                        str(out_dir / f"{mode}-{name}-cache"),
-                    ]
-                    for netopt in ("netopt", "netopt-pre")
-                },
-            }[tool]
+                    "--json",
+                    "--link-rate-mbps",
+                    str(args.link_rate_mbps),
+                    "--link-loss",
+                    str(args.link_loss),
+                    # A fresh chunk cache per run: a warm one would measure the disk.
+                    "--cache-dir",
+                    str(cache),
+                ]
+            elif tool == "rsync":
+                # Daemon mode, zstd on the wire (rsync >= 3.2), the whole tree in one run.
+                src = f"rsync://{srv}:{PORTS['rsync']}/data/{info.single_file or ''}"
+                argv = ["rsync", "-a", "-z", "--compress-choice=zstd", src, f"{dest}/"]
+            else:
+                base = f"http://{srv}:{PORTS['http']}"
+                argv = peer_argv(tool, info, files, base, dest, out_dir)
             for attempt in range(args.repeat if tool.startswith("netopt") else 1):
                 if attempt:
                     shutil.rmtree(dest, ignore_errors=True)
-                    shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
+                    shutil.rmtree(cache, ignore_errors=True)
                     dest.mkdir(parents=True)
-                row = _run_tool(lab, tool, argv, servers[tool], (mode, name, path, dest), args)
+                row = _run_tool(lab, tool, argv, servers[tool], (mode, info, dest), args)
                 row.publish_s = publish_s if tool == "netopt-pre" else None
                 rows.append(row)
             shutil.rmtree(dest, ignore_errors=True)
-            shutil.rmtree(out_dir / f"{mode}-{name}-cache", ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
     finally:
         for proc in {id(p): p for p in servers.values()}.values():
             stop(proc)
     return rows
+
+
+def arrived_bytes(dest: Path) -> int:
+    """Bytes of the files under ``dest`` (netopt's own state left out)."""
+    return sum(
+        p.stat().st_size
+        for p in dest.rglob("*")
+        if p.is_file() and not any(part.startswith(".netopt") for part in p.parts)
+    )
 
 
 def _run_tool(
@@ -346,37 +476,41 @@ def _run_tool(
     tool: str,
     argv: list[str],
     server: subprocess.Popen[Any],
-    where: tuple[str, str, Path, Path],
+    where: tuple[str, KindInfo, Path],
     args: argparse.Namespace,
 ) -> Row:
-    mode, name, path, dest = where
-    size = path.stat().st_size
+    mode, info, dest = where
+    name = info.kind
     env = None
     trace_path = dest.parent / f"trace-{mode}-{name}.json"
     if tool.startswith("netopt") and args.trace:
         trace_path.unlink(missing_ok=True)
         env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
     server_cpu_before_s = proc_cpu_s(server.pid)
-    seconds, wire, cpu, timed_out, out, start = run_client(
+    seconds, wire, cpu, timed_out, out, start, rc = run_client(
         lab, argv, args.timeout_s, server.pid, env
     )
     server_cpu_s = proc_cpu_s(server.pid) - server_cpu_before_s
-    got = (dest / path.name).stat().st_size if (dest / path.name).exists() else 0
-    logical = size if not timed_out and got == size else got
-    predicted = internal = None
-    if tool.startswith("netopt") and not timed_out:
+    got = arrived_bytes(dest)
+    logical = min(got, info.size_bytes)
+    predicted = internal = plan_rtt = None
+    if tool.startswith("netopt") and not timed_out and rc == 0:
         with_plan = json.loads(out)
         # The cache's sync reports the transfer plan as "transfer_plan".
         plan = with_plan.get("transfer_plan") or with_plan["plan"]
         predicted = float(plan["predicted_time_s"])
         internal = float(with_plan["seconds"])
+        rtt = plan.get("rtt_ms", with_plan.get("rtt_ms"))
+        plan_rtt = float(rtt) if rtt is not None else None
     row = Row(mode, name, tool, seconds, logical, wire, cpu, timed_out, predicted, internal)
-    if timed_out and tool in ("aria2c", "rsync"):
+    row.exit_code, row.complete, row.plan_rtt_ms = rc, got == info.size_bytes, plan_rtt
+    if timed_out and tool in ("aria2c", "rsync", "rclone"):
         # Partial files say little for segmented or temp-file downloads: rate from wire.
         row.logical_bytes = wire
+    status = "" if row.complete else f"  (incomplete: {row.status})"
     print(
-        f"  {mode:5} {name:6} {tool:7} {seconds:7.1f} s {row.effective_mbps:7.1f} Mbit/s"
-        f" eff, {row.wire_mbps:6.1f} wire{'  (timeout)' if timed_out else ''}",
+        f"  {mode:5} {name:10} {tool:7} {seconds:7.1f} s {row.effective_mbps:7.1f} Mbit/s"
+        f" eff, {row.wire_mbps:6.1f} wire{status}",
         flush=True,
     )
     if env is not None and trace_path.exists():
@@ -428,7 +562,7 @@ def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace) -> Row:
             str(args.iperf_s),
             "-J",
         ]
-        _, wire, cpu, timed_out, out, _ = run_client(lab, argv, args.iperf_s + 30, server.pid)
+        _, wire, cpu, timed_out, out, _, _ = run_client(lab, argv, args.iperf_s + 30, server.pid)
         received = int(json.loads(out)["end"]["sum_received"]["bytes"]) if not timed_out else 0
     finally:
         stop(server)
@@ -437,18 +571,53 @@ def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace) -> Row:
     return row
 
 
-def print_table(rows: list[Row]) -> None:
+def goal_share(info: KindInfo) -> float:
+    """Issue 14's goal for the kind, as a share of its limit."""
+    if info.kind == "smallfiles":
+        return 0.7
+    return 0.95 if info.incompressible else 0.85
+
+
+def limit_ratio(info: KindInfo, levels: list[int]) -> float:
+    """The kind's best zstd ratio among ``levels`` (1.0 when incompressible)."""
+    if info.incompressible:
+        return 1.0
+    measured = [info.zstd_ratios[str(lv)] for lv in levels if str(lv) in info.zstd_ratios]
+    return max(measured, default=info.best_ratio)
+
+
+def set_limits(rows: list[Row], infos: dict[str, KindInfo], levels: list[int]) -> None:
+    """Each row's limit: the same mode's iperf3 -P8 x the kind's best ratio among ``levels``."""
+    iperf = {r.mode: r.effective_mbps for r in rows if r.tool == "iperf3 -P8"}
+    for r in rows:
+        info = infos.get(r.data)
+        if info is not None and r.mode in iperf:
+            r.limit_mbps = iperf[r.mode] * limit_ratio(info, levels)
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def _err(predicted: float | None, actual: float | None) -> str:
+    return f"{(predicted - actual) / actual:+.0%}" if predicted and actual else "-"
+
+
+def print_table(rows: list[Row], rtt_ms: float) -> None:
     head = (
+        "kind",
         "mode",
-        "data",
         "tool",
         "seconds",
         "effective Mbit/s",
+        "share of limit",
+        "plan s",
+        "plan err",
+        "plan RTT err",
+        "status",
         "wire MB",
         "wire Mbit/s",
         "CPU s",
-        "plan s",
-        "plan err",
         "netopt s",
         "plan err (netopt s)",
         "publish s",
@@ -456,42 +625,117 @@ def print_table(rows: list[Row]) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        err = f"{(r.predicted_s - r.seconds) / r.seconds:+.0%}" if r.predicted_s else "-"
-        own = f"{r.internal_s:.1f}" if r.internal_s else "-"
-        own_err = (
-            f"{(r.predicted_s - r.internal_s) / r.internal_s:+.0%}"
-            if r.predicted_s and r.internal_s
-            else "-"
-        )
         cells = (
-            r.mode,
             r.data,
-            r.tool + (" (timeout)" if r.timed_out else ""),
+            r.mode,
+            r.tool,
             f"{r.seconds:.1f}",
             f"{r.effective_mbps:.1f}",
+            _pct(r.share),
+            f"{r.predicted_s:.1f}" if r.predicted_s else "-",
+            _err(r.predicted_s, r.seconds),
+            _err(r.plan_rtt_ms, rtt_ms),
+            r.status,
             f"{r.wire_bytes / 1e6:.1f}",
             f"{r.wire_mbps:.1f}",
             f"{r.cpu_s:.1f}",
-            f"{r.predicted_s:.1f}" if r.predicted_s else "-",
-            err,
-            own,
-            own_err,
+            f"{r.internal_s:.1f}" if r.internal_s else "-",
+            _err(r.predicted_s, r.internal_s),
             f"{r.publish_s:.0f}" if r.publish_s is not None else "-",
         )
         print("| " + " | ".join(cells) + " |")
 
 
+def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any]]:
+    """Per kind and mode: the limit, netopt's share against the goal, the best peer."""
+    out = []
+    for kind, mode in dict.fromkeys((r.data, r.mode) for r in rows if r.data in infos):
+        info = infos[kind]
+        here = [r for r in rows if (r.data, r.mode) == (kind, mode)]
+        ours = [r for r in here if r.tool == "netopt"]
+        peers = [r for r in here if not r.tool.startswith("netopt")]
+        best_peer = max(peers, key=lambda r: r.effective_mbps, default=None)
+        netopt = max(ours, key=lambda r: r.effective_mbps, default=None)
+        out.append(
+            {
+                "kind": kind,
+                "mode": mode,
+                "zstd_ratios": info.zstd_ratios,
+                "limit_mbps": here[0].limit_mbps,
+                "goal_share": goal_share(info),
+                "netopt_mbps": netopt.effective_mbps if netopt else None,
+                "netopt_share": netopt.share if netopt else None,
+                "netopt_complete": bool(netopt and netopt.status == "ok"),
+                "best_peer": best_peer.tool if best_peer else None,
+                "best_peer_mbps": best_peer.effective_mbps if best_peer else None,
+                "ahead_of_peers": bool(
+                    netopt and best_peer and netopt.effective_mbps > best_peer.effective_mbps
+                ),
+            }
+        )
+    return out
+
+
+def print_summary(summary: list[dict[str, Any]]) -> None:
+    print(
+        "\n| kind | mode | zstd ratios | limit Mbit/s | netopt Mbit/s | share | goal "
+        "| met | best peer (Mbit/s) | ahead |"
+    )
+    print("|" + "---|" * 10)
+    for s in summary:
+        ratios = "/".join(f"{v:.2f}" for v in s["zstd_ratios"].values())
+        met = s["netopt_share"] is not None and s["netopt_share"] >= s["goal_share"]
+        limit, ours, peer = s["limit_mbps"], s["netopt_mbps"], s["best_peer_mbps"]
+        print(
+            f"| {s['kind']} | {s['mode']} | {ratios} | {limit or 0:.1f} | {ours or 0:.1f} "
+            f"| {_pct(s['netopt_share'])} | {s['goal_share']:.2f} | {'yes' if met else 'no'} "
+            f"| {s['best_peer']} ({peer or 0:.1f}) | {'yes' if s['ahead_of_peers'] else 'no'} |"
+        )
+
+
+def link_of(topology: str) -> dict[str, float]:
+    """The first cross-region link of a lab file: rate, one-way delay, loss."""
+    link = yaml.safe_load(Path(topology).read_text())["links"][0]
+    return {
+        "rate_mbps": float(link["rate_mbps"]),
+        "delay_ms": float(link.get("delay_ms", 0)),
+        "loss_ratio": float(link.get("loss_ratio", 0)),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--size-mb", type=int, default=200, help="per corpus kind")
     parser.add_argument("--modes", default="bbr,reno", help="node default CCs, comma-separated")
-    parser.add_argument("--data", default="jsonl,random")
+    parser.add_argument("--data", default="jsonl,random", help=f"corpus kinds: {','.join(KINDS)}")
     parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per client run")
     parser.add_argument("--iperf-s", type=int, default=10)
-    parser.add_argument("--link-rate-mbps", type=float, default=100.0, help="for netopt's plan")
-    parser.add_argument("--link-loss", type=float, default=0.01, help="for netopt's plan")
+    parser.add_argument(
+        "--link-rate-mbps",
+        type=float,
+        default=None,
+        help="for netopt's plan (default: the topology's link)",
+    )
+    parser.add_argument(
+        "--link-loss",
+        type=float,
+        default=None,
+        help="for netopt's plan (default: the topology's link)",
+    )
     parser.add_argument("--topology", default=str(TOPOLOGY))
+    parser.add_argument(
+        "--corpus-dir",
+        default=None,
+        help="build the corpus here and reuse it in later runs (default: a temp dir)",
+    )
+    parser.add_argument("--smallfiles-count", type=int, default=100_000)
+    parser.add_argument(
+        "--limit-levels",
+        default="1,3",
+        help="zstd levels whose best ratio sets each kind's limit (issue 14 quotes L1/L3; "
+        "the corpus also measures L19)",
+    )
     parser.add_argument("--json-out", default=None, help="write the rows here as JSON")
     parser.add_argument("--repeat", type=int, default=1, help="netopt runs per dataset and mode")
     parser.add_argument(
@@ -510,10 +754,19 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.tools = [t for t in args.tools.split(",") if t]
+    args.limit_levels = [int(x) for x in args.limit_levels.split(",") if x]
+    kinds = [k for k in args.data.split(",") if k]
+    if set(kinds) - set(KINDS):
+        parser.error(f"--data: unknown kinds {sorted(set(kinds) - set(KINDS))}")
     if args.precompress is not None and "netopt-pre" not in args.tools:
         args.tools.append("netopt-pre")
     if "netopt-pre" in args.tools and args.precompress is None:
         parser.error("netopt-pre needs --precompress LEVEL")
+    link = link_of(args.topology)
+    if args.link_rate_mbps is None:
+        args.link_rate_mbps = link["rate_mbps"]
+    if args.link_loss is None:
+        args.link_loss = link["loss_ratio"]
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
@@ -521,24 +774,46 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="netopt-bench-") as tmp:
         work = Path(tmp)
         t0 = time.monotonic()
-        data = make_data(work / "data", args.size_mb)
-        print(f"data ready in {time.monotonic() - t0:.1f} s", flush=True)
+        corpus_root = Path(args.corpus_dir) if args.corpus_dir else work / "corpus"
+        infos = build_corpus(
+            corpus_root,
+            kinds,
+            args.size_mb,
+            smallfiles_count=args.smallfiles_count,
+            levels=sorted({*RATIO_LEVELS, *args.limit_levels}),
+        )
+        print(f"corpus ready in {time.monotonic() - t0:.1f} s", flush=True)
+        print_kinds(infos.values())
         with Lab.start(args.topology) as lab:
             for mode in args.modes.split(","):
                 for node in ("hk-1", "us-1"):
                     lab.exec(node, ["sysctl", "-qw", f"net.ipv4.tcp_congestion_control={mode}"])
                 if "iperf3" in args.tools:
                     rows.append(bench_iperf3(lab, mode, args))
-                for name in args.data.split(","):
-                    rows.extend(bench_dataset(lab, mode, name, data[name], work / "out", args))
-    print_table(rows)
+                for kind in kinds:
+                    rows.extend(bench_dataset(lab, mode, infos[kind], work / "out", args))
+    set_limits(rows, infos, args.limit_levels)
+    print_table(rows, 2 * link["delay_ms"])
+    summary = summarize(rows, infos)
+    print_summary(summary)
     if args.json_out:
         Path(args.json_out).write_text(
             json.dumps(
-                [
-                    {**asdict(r), "effective_mbps": r.effective_mbps, "wire_mbps": r.wire_mbps}
-                    for r in rows
-                ],
+                {
+                    "link": link,
+                    "corpus": {k: v.to_dict() for k, v in infos.items()},
+                    "rows": [
+                        {
+                            **asdict(r),
+                            "effective_mbps": r.effective_mbps,
+                            "wire_mbps": r.wire_mbps,
+                            "share": r.share,
+                            "status": r.status,
+                        }
+                        for r in rows
+                    ],
+                    "summary": summary,
+                },
                 indent=2,
             )
         )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything netopt needs on a fresh Debian machine with only Python and apt:
-# system tools (apt), a virtualenv in .venv, netopt with its extras (torch, s3; dev).
+# system tools (apt; nginx-light and rclone are bench_transfer.py's peers), a virtualenv in
+# .venv, netopt with its extras (torch, s3, bench: pyarrow for the corpus's Parquet; dev).
 #   bash scripts/setup.sh          # runtime + torch extra (for `netopt demo`)
 #   bash scripts/setup.sh --dev    # ... plus the test and lint tools
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
-APT_PACKAGES=(iperf3 iproute2 nftables ethtool iputils-ping procps psmisc curl rsync aria2 kmod chromium)
+APT_PACKAGES=(iperf3 iproute2 nftables ethtool iputils-ping procps psmisc curl rsync aria2 kmod chromium nginx-light rclone)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -31,8 +32,8 @@ PYTHON=${PYTHON:-python3}
 # torch first, pinned: the CPU build on this kind of machine; a bare `torch` would pull CUDA.
 .venv/bin/python -m pip install -q "torch==${NETOPT_TORCH_VERSION:-2.13.0}"
 if [ $dev = 1 ]; then
-  .venv/bin/python -m pip install -q -e ".[torch,s3,dev]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3,bench,dev]"
 else
-  .venv/bin/python -m pip install -q -e ".[torch,s3]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3,bench]"
 fi
 echo "setup: done ($(.venv/bin/netopt --version))"
