@@ -341,7 +341,8 @@ async def _next_stream_id(
 
 
 async def dataset_stream(request: web.Request) -> web.StreamResponse:
-    """Frames for the chunk names the body sends, in order, as the names arrive.
+    """Frames for the chunk names the body sends, in order, as the names arrive; a line
+    ``NAME LEVEL`` sends that chunk at LEVEL instead of the request's ``level``.
 
     The first name is checked before the response starts (400/404 as for a
     batch); a bad later name, or a chunk that cannot be read, cuts the stream:
