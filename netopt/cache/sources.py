@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 from netopt.cache.s3 import S3Options
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
-from netopt.dataplane.client import MAX_CONNECTIONS, fetch_info_and_manifest, plan_for
+from netopt.dataplane.client import (
+    MAX_CONNECTIONS,
+    fetch_info_and_manifest,
+    link_figures_for,
+    plan_for,
+    start_adapting,
+)
 from netopt.dataplane.httpsource import (
     ClientOptions,
     DatasetUrl,
@@ -35,8 +41,10 @@ from netopt.dataplane.httpsource import (
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.errors import DatasetChangedError, IntegrityError, StorageError, ValidationError
 from netopt.names import is_dataset_name
+from netopt.transfer.figures import LinkFigures
+from netopt.transfer.linklookup import LOOKUP_TIMEOUT_S, CoordinatorRef, measured_link
 from netopt.transfer.manifest import Manifest
-from netopt.transfer.planner import CpuProfile, TransferPlan
+from netopt.transfer.planner import CpuProfile, LinkProfile, TransferPlan
 from netopt.transfer.profile import load_cpu_profile
 
 if TYPE_CHECKING:
@@ -66,7 +74,9 @@ class SourceOptions:
     streams: int | None = None
     zstd_level: int | None = None
     link_rate_bps: float | None = None
-    link_loss_ratio: float = 0.0
+    link_loss_ratio: float | None = None
+    coordinator: CoordinatorRef | None = None
+    """Where to look up the measured link to a netopt server's node (rate, loss)."""
     client_cpu: CpuProfile | None = None
     state_dir: str | None = None
     """Where sources without manifests remember how their files were chunked (web dirs, S3)."""
@@ -84,6 +94,8 @@ class OpenedSource:
     streams: int
     overhead_bytes: int = 0
     plan: TransferPlan | None = None
+    link_figures: LinkFigures | None = None
+    """What the plan assumed of the link, and where each figure came from."""
 
 
 @dataclass(frozen=True)
@@ -159,15 +171,45 @@ async def _open_served(
     if cpu is None:
         cpu = await asyncio.to_thread(load_cpu_profile)
     trace.mark("cpu_profile")
-    info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+    lookup = None
+    if opts.coordinator is not None and opts.link_rate_bps is None:
+        # Beside the info and manifest requests: the figures are there when they are.
+        lookup = asyncio.ensure_future(measured_link(opts.coordinator, url.host, url.port))
+    try:
+        info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+        measured = await _looked_up(lookup)
+    finally:
+        if lookup is not None:
+            lookup.cancel()
     if info.manifest_id != manifest.manifest_id:
         # The two were answered by different versions: the files changed in between.
         raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
     overhead_bytes = source.meta_wire_bytes
-    plan = plan_for(info, None, cpu, rate_bps=opts.link_rate_bps, loss_ratio=opts.link_loss_ratio)
+    figures = link_figures_for(
+        info,
+        rate_bps=opts.link_rate_bps,
+        loss_ratio=opts.link_loss_ratio,
+        measured=measured,
+        rate_limit_bps=opts.client.rate_limit_bps,
+    )
+    plan = plan_for(info, None, cpu, figures=figures)
     streams = opts.streams or plan.streams
     source.zstd_level = plan.zstd_level if opts.zstd_level is None else (opts.zstd_level or None)
-    return OpenedSource(kind, url.name, manifest, source, streams, overhead_bytes, plan)
+    if opts.zstd_level is None:
+        start_adapting(source, info, cpu, figures)
+    return OpenedSource(kind, url.name, manifest, source, streams, overhead_bytes, plan, figures)
+
+
+async def _looked_up(
+    lookup: asyncio.Future[tuple[LinkProfile, str] | str] | None,
+) -> tuple[LinkProfile, str] | str | None:
+    """The coordinator's answer, waiting `LOOKUP_TIMEOUT_S` at most; None without a lookup."""
+    if lookup is None:
+        return None
+    try:
+        return await asyncio.wait_for(asyncio.shield(lookup), LOOKUP_TIMEOUT_S)
+    except TimeoutError:
+        return f"the coordinator did not answer within {LOOKUP_TIMEOUT_S:g} s"
 
 
 @asynccontextmanager

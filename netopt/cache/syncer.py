@@ -196,6 +196,11 @@ class SyncReport:
     sharing: dict[str, Any] | None = None
     version_restarts: int = 0
     """Times the sync started again because the origin published a new version."""
+    link_figures: dict[str, object] | None = None
+    """The link figures the transfer plan used, each with where it came from."""
+    levels_over_time: list[dict[str, float | int]] | None = None
+    """The adaptive level's measurement windows: time, level, goodput (see
+    `netopt.transfer.adapt`)."""
 
     @property
     def wire_bytes(self) -> int:
@@ -231,6 +236,10 @@ class SyncReport:
         }
         if self.transfer_plan is not None:
             out["transfer_plan"] = self.transfer_plan.to_dict()
+        if self.link_figures is not None:
+            out["link_figures"] = self.link_figures
+        if self.levels_over_time is not None:
+            out["levels_over_time"] = self.levels_over_time
         if self.sharing is not None:
             out["sharing"] = self.sharing
         return out
@@ -379,7 +388,15 @@ async def _run_sync_once(
         transfer_plan=opened.plan,
         evicted_chunks=evicted,
         sharing=shared,
+        link_figures=opened.link_figures.to_dict() if opened.link_figures else None,
+        levels_over_time=_levels_over_time(opened.source),
     )
+
+
+def _levels_over_time(source: ChunkSource) -> list[dict[str, float | int]] | None:
+    """The adaptive level's samples of a netopt server source; None for other sources."""
+    adapter = source.adapter if isinstance(source, HttpChunkSource) else None
+    return adapter.to_list() if adapter is not None else None
 
 
 async def _check_still_current(opened: OpenedSource) -> None:

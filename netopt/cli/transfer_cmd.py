@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from netopt.dataplane.handlers import ServeSettings
     from netopt.dataplane.served import ServedDataset
     from netopt.dataplane.synctypes import SyncProgress
+    from netopt.transfer.linklookup import CoordinatorRef
     from netopt.transfer.planner import LinkProfile, TransferPlan
 
 __all__ = ["plan_command", "run_plan", "run_serve", "serve_command", "sync_command"]
@@ -308,14 +309,15 @@ class _Bar:
     "--link-rate-mbps",
     type=click.FloatRange(min=0.001),
     default=None,
-    help="Link rate for the plan (default: assume 1000).",
+    help="Link rate for the plan (default: the coordinator's measurement of the link to the "
+    "server's node, else this client's --rate-limit-mbps, else a 1000 Mbit/s guess; unless "
+    "--level is given, the level adapts to the link while the sync runs).",
 )
 @click.option(
     "--link-loss",
     type=click.FloatRange(0, 0.5),
-    default=0.0,
-    show_default=True,
-    help="Link loss ratio for the plan.",
+    default=None,
+    help="Link loss ratio for the plan (default: the coordinator's measurement, else 0).",
 )
 @click.option(
     "--chunk-size",
@@ -374,7 +376,7 @@ def sync_command(
     cc: str,
     level: int | None,
     link_rate_mbps: float | None,
-    link_loss: float,
+    link_loss: float | None,
     chunk_size_bytes: int,
     retry_window_s: float,
     token_file: str | None,
@@ -438,6 +440,7 @@ def sync_command(
             zstd_level=level,
             link_rate_bps=link_rate_mbps * 1e6 if link_rate_mbps else None,
             link_loss_ratio=link_loss,
+            coordinator=_link_coordinator(sharing, config_file, coordinator_url, node, token),
             s3=S3Options(endpoint_url=s3_endpoint_url, region=s3_region, profile=s3_profile),
         ),
     )
@@ -465,6 +468,33 @@ def sync_command(
         f"{summary.throughput_bps / 1e6:.1f} Mbit/s effective"
     )
     return 0
+
+
+def _link_coordinator(
+    sharing: SharingOptions | None,
+    config_file: str | None,
+    coordinator_url: str | None,
+    node: str | None,
+    token: str | None,
+) -> CoordinatorRef | None:
+    """Where the sync looks up the measured link to a netopt server's node: the sharing
+    coordinator, else --coordinator, coordinator_url of --config or NETOPT_COORDINATOR
+    (this node: --node, the config's node, else found by its address); None without one
+    or without a token for it."""
+    from netopt.transfer.linklookup import CoordinatorRef
+
+    if sharing is not None:
+        return CoordinatorRef(sharing.coordinator_url, sharing.token, sharing.node)
+    if config_file is not None:
+        agent = load_settings(config_file, "agent")
+        coordinator_url = coordinator_url or agent.coordinator_url
+        node = node or agent.node
+        if token is None and (agent.token or agent.token_file):
+            token = resolve_token(agent.token, agent.token_file)
+    coordinator_url = coordinator_url or os.environ.get("NETOPT_COORDINATOR") or None
+    if coordinator_url is None or token is None:
+        return None
+    return CoordinatorRef(coordinator_url, token, node)
 
 
 def _sharing_options(

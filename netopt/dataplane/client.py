@@ -32,8 +32,10 @@ from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.sync import first_error, sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
 from netopt.errors import NetoptError, ProtocolError
+from netopt.transfer.adapt import LevelAdapter, level_models
+from netopt.transfer.figures import Figure, LinkFigures, choose_figures
 from netopt.transfer.manifest import STATE_DIR_NAME, Manifest
-from netopt.transfer.planner import CpuProfile, LinkProfile, TransferPlan
+from netopt.transfer.planner import CpuProfile, LinkProfile, TransferPlan, pair_cpu_profile
 from netopt.transfer.planner import plan_transfer as _plan_transfer
 from netopt.transfer.profile import load_cpu_profile
 
@@ -43,8 +45,10 @@ __all__ = [
     "DatasetUrl",
     "HttpChunkSource",
     "fetch_info_and_manifest",
+    "link_figures_for",
     "parse_dataset_url",
     "plan_for",
+    "start_adapting",
     "sync_url",
 ]
 
@@ -55,51 +59,82 @@ HEDGE_DELAY_S = 0.5
 """After this long without an answer, the info and manifest requests are sent again."""
 
 
+def link_figures_for(
+    info: DatasetInfo,
+    *,
+    rate_bps: float | None = None,
+    loss_ratio: float | None = None,
+    measured: tuple[LinkProfile, str] | str | None = None,
+    rate_limit_bps: float | None = None,
+) -> LinkFigures:
+    """The figures to plan a fetch of ``info``'s dataset with: its measured RTT, the flags'
+    rate and loss, else the coordinator's ``measured`` link (profile and note; a string:
+    why there is none), else guesses."""
+    link, note = measured if isinstance(measured, tuple) else (None, "coordinator")
+    figures = choose_figures(
+        Figure(info.rtt_ms, info.rtt_source),
+        rate_flag_bps=rate_bps,
+        loss_flag=loss_ratio,
+        measured=link,
+        measured_source=note,
+        rate_limit_bps=rate_limit_bps,
+    )
+    return replace(figures, notes=(measured,)) if isinstance(measured, str) else figures
+
+
 def plan_for(
     info: DatasetInfo,
     link: LinkProfile | None,
     client_cpu: CpuProfile,
     *,
     rate_bps: float | None = None,
-    loss_ratio: float = 0.0,
+    loss_ratio: float | None = None,
     max_streams: int = 64,
     startup_s: float | None = None,
+    figures: LinkFigures | None = None,
 ) -> TransferPlan:
     """Plan a fetch of ``info``'s dataset: the server compresses, this node decompresses.
 
-    Without ``link``, the link is ``rate_bps`` (default 1 Gbit/s) with ``loss_ratio``
-    at the measured request RTT, running the server's congestion control. The
-    predicted time counts ``startup_s`` of process start-up (default: the CLI
-    start-up calibrated in ``client_cpu``; pass 0 from a long-running process).
+    Without ``link``, the link is ``figures`` (default: `link_figures_for` the RTT
+    measured and ``rate_bps`` / ``loss_ratio``, a 1 Gbit/s lossless guess without them),
+    running the server's congestion control; the plan's first reason says which
+    figures it used and where each came from. The predicted time counts ``startup_s``
+    of process start-up (default: the CLI start-up calibrated in ``client_cpu``; pass 0
+    from a long-running process).
     """
     cc = info.congestion_control if info.congestion_control in ("bbr", "cubic", "reno") else "bbr"
-    link = link or LinkProfile(
-        rate_bps=rate_bps or 1e9,
-        rtt_ms=max(info.rtt_ms, 0.1),
-        loss_ratio=loss_ratio,
-        congestion_control=cast(Any, cc),
-    )
-    srv, cli = info.server_cpu, client_cpu
-    # zstd decompresses about as fast at any level: a level this node never calibrated
-    # (a server's precompressed level 19, say) gets its slowest calibrated speed.
-    slowest = min(cli.decompress_bytes_per_s.values(), default=0.0)
-    decompress = {
-        lvl: cli.decompress_bytes_per_s.get(lvl, slowest) for lvl in srv.compress_bytes_per_s
-    }
-    levels = {lvl for lvl, speed in decompress.items() if speed > 0}
-    combined = CpuProfile(
-        cores=1,
-        compress_bytes_per_s={lvl: srv.cores * srv.compress_bytes_per_s[lvl] for lvl in levels},
-        decompress_bytes_per_s={lvl: cli.cores * decompress[lvl] for lvl in levels},
-        hash_bytes_per_s=cli.cores * cli.hash_bytes_per_s,
-    )
-    return _plan_transfer(
+    notes: tuple[str, ...] = ()
+    if link is None:
+        figures = figures or link_figures_for(info, rate_bps=rate_bps, loss_ratio=loss_ratio)
+        link = figures.link(cast(Any, cc))
+        notes = (figures.describe(),)
+    plan = _plan_transfer(
         info.total_bytes,
         info.sample,
         link,
-        combined,
+        pair_cpu_profile(info.server_cpu, client_cpu),
         max_streams=max_streams,
         startup_s=client_cpu.startup_s if startup_s is None else startup_s,
+    )
+    return replace(plan, reasons=(*notes, *plan.reasons))
+
+
+def start_adapting(
+    source: HttpChunkSource,
+    info: DatasetInfo,
+    client_cpu: CpuProfile,
+    figures: LinkFigures | None,
+) -> None:
+    """Let ``source``'s level follow the link from its current level (see
+    `netopt.transfer.adapt`), where the server takes a level per streamed chunk."""
+    if not info.stream_levels:
+        return
+    known_bps = figures.rate_bps.value if figures is not None and figures.rate_known else None
+    source.adapter = LevelAdapter(
+        level_models(info.sample, info.server_cpu, client_cpu),
+        source.zstd_level or 0,
+        known_bps,
+        time.monotonic(),
     )
 
 
@@ -112,7 +147,7 @@ async def sync_url(
     zstd_level: int | None = None,
     link: LinkProfile | None = None,
     link_rate_bps: float | None = None,
-    link_loss_ratio: float = 0.0,
+    link_loss_ratio: float | None = None,
     client_cpu: CpuProfile | None = None,
     sync_options: SyncOptions | None = None,
     on_plan: Callable[[TransferPlan], None] | None = None,
@@ -123,7 +158,8 @@ async def sync_url(
 
     ``streams`` / ``zstd_level`` override the plan (``zstd_level=0`` turns
     compression off); ``link`` (or ``link_rate_bps`` / ``link_loss_ratio`` at the
-    measured RTT) describes the path for the plan. Resume state lives in
+    measured RTT) describes the path for the plan; unless ``zstd_level`` is given, the
+    level then follows the link while the sync runs. Resume state lives in
     ``dest/.netopt-sync/`` and is removed after a complete sync. Raises
     PeerUnreachableError when the server cannot be reached, AuthenticationError
     for a refused token, and whatever `sync_manifest` raises. ``startup_s``: see
@@ -137,13 +173,21 @@ async def sync_url(
     async with HttpChunkSource(target, replace(client, streams=MAX_CONNECTIONS)) as source:
         info, manifest = await fetch_info_and_manifest(source, streams or WARM_CONNECTIONS)
         overhead_bytes = source.meta_wire_bytes
-        plan = plan_for(
-            info, link, cpu, rate_bps=link_rate_bps, loss_ratio=link_loss_ratio, startup_s=startup_s
-        )
+        figures = None
+        if link is None:
+            figures = link_figures_for(
+                info,
+                rate_bps=link_rate_bps,
+                loss_ratio=link_loss_ratio,
+                rate_limit_bps=client.rate_limit_bps,
+            )
+        plan = plan_for(info, link, cpu, startup_s=startup_s, figures=figures)
         if on_plan is not None:
             on_plan(plan)
         n_streams = streams or plan.streams
         source.zstd_level = plan.zstd_level if zstd_level is None else (zstd_level or None)
+        if zstd_level is None:
+            start_adapting(source, info, cpu, figures)
         state_dir = Path(dest) / STATE_DIR_NAME
         # No fsync per chunk: the store only serves resumption, and `get` re-verifies.
         sink = await asyncio.to_thread(partial(DirChunkSink, state_dir / "chunks", fsync=False))
@@ -203,7 +247,7 @@ async def fetch_info_and_manifest(
     if early is not None:
         trace.mark("info_manifest")
         source.meta_wire_bytes = early.wire_bytes
-        info = source.info_from_dict(early.info, early.rtt_s * 1000)
+        info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
         source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
         return _asked_for(url, info, source.manifest_from_doc(early.manifest))
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
@@ -217,9 +261,10 @@ async def fetch_info_and_manifest(
         source.meta_wire_bytes = meta.wire_bytes
     trace.mark("info_manifest")
     info = info_task.result()
-    # The data connections' handshakes measured the round trip too.
-    rtts_ms = [rtt_s * 1000 for rtt_s in source.connect_rtts_s]
-    info = replace(info, rtt_ms=min([info.rtt_ms, *rtts_ms]))
+    # The data connections' handshakes and warm-up requests measured the round trip too.
+    measured = source.round_trip()
+    if measured is not None and measured[0] * 1000 < info.rtt_ms:
+        info = replace(info, rtt_ms=measured[0] * 1000, rtt_source=measured[1])
     source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
     return _asked_for(url, info, manifest_task.result())
 

@@ -62,6 +62,11 @@ __all__ = [
 log = logging.getLogger("netopt.dataplane.server")
 
 MAX_ZSTD_LEVEL = 19
+STREAM_LINE_BYTES = STREAM_NAME_LINE_BYTES + 3
+"""One line of a stream request body: a name, optionally a space and a level (``NAME 19``)."""
+_STREAM_LINE = (
+    "stream lines are a chunk name (64 lowercase hex digits), optionally ' LEVEL' (0..19)"
+)
 MAX_BATCH_CHUNKS = 1024
 _AHEAD = 3
 """Chunks of one batch being read and compressed ahead of the one being sent."""
@@ -200,6 +205,7 @@ async def dataset_info(request: web.Request) -> web.Response:
             "cpu": cpu_profile_to_dict(cpu),
             "congestion_control": request.app[SETTINGS].congestion_control,
             "precompressed": precompressed,
+            "stream_levels": True,
         }
     )
 
@@ -223,10 +229,14 @@ def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes,
 
 
 def _level(request: web.Request) -> int:
-    try:
-        level = int(request.query.get("level", "0"))
-    except ValueError:
-        raise web.HTTPBadRequest(text="level is not an integer") from None
+    return _parse_level(request.query.get("level", "0"))
+
+
+def _parse_level(text: str) -> int:
+    """A zstd level from a peer: 0..`MAX_ZSTD_LEVEL`, decimal digits only; else 400."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 2):
+        raise web.HTTPBadRequest(text="level is not an integer")
+    level = int(text)
     if not 0 <= level <= MAX_ZSTD_LEVEL:
         raise web.HTTPBadRequest(text=f"level must be 0..{MAX_ZSTD_LEVEL}")
     return level
@@ -300,30 +310,39 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _next_stream_id(request: web.Request, ds: DatasetView, seen: set[str]) -> str | None:
-    """The next chunk name of a stream request's body; None at its end.
+async def _next_stream_id(
+    request: web.Request, ds: DatasetView, seen: set[str], level: int
+) -> tuple[str, int] | None:
+    """The next chunk name of a stream request's body and the level to send it at (the
+    line's ``NAME LEVEL``, else the request's ``level``); None at the body's end.
 
-    400 for a line that is not a name of this dataset's (a long one is refused after
-    `STREAM_NAME_LINE_BYTES`, not read whole) or a name the stream sent before.
+    400 for a line that is not a name of this dataset's with an optional level in
+    0..`MAX_ZSTD_LEVEL` (a long one is refused after `STREAM_LINE_BYTES`, not read
+    whole) or a name the stream sent before.
     """
     try:
-        line = await request.content.readline(max_line_length=STREAM_NAME_LINE_BYTES)
+        line = await request.content.readline(max_line_length=STREAM_LINE_BYTES)
     except LineTooLong:
-        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits") from None
+        raise web.HTTPBadRequest(text=_STREAM_LINE) from None
     if not line:
         return None
     try:
-        name = _chunk_name(ds, line.strip().decode("ascii"))
+        text = line.strip().decode("ascii")
     except UnicodeDecodeError:
-        raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits") from None
+        raise web.HTTPBadRequest(text=_STREAM_LINE) from None
+    name_text, sep, level_text = text.partition(" ")
+    if sep:
+        level = _parse_level(level_text)
+    name = _chunk_name(ds, name_text)
     if name in seen:
         raise web.HTTPBadRequest(text="a stream names a chunk more than once")
     seen.add(name)  # names of the dataset only: at most its chunk count
-    return name
+    return name, level
 
 
 async def dataset_stream(request: web.Request) -> web.StreamResponse:
-    """Frames for the chunk names the body sends, in order, as the names arrive.
+    """Frames for the chunk names the body sends, in order, as the names arrive; a line
+    ``NAME LEVEL`` sends that chunk at LEVEL instead of the request's ``level``.
 
     The first name is checked before the response starts (400/404 as for a
     batch); a bad later name, or a chunk that cannot be read, cuts the stream:
@@ -332,7 +351,7 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     ds = _dataset(request)
     level = _level(request)
     seen: set[str] = set()
-    first = await _next_stream_id(request, ds, seen)
+    first = await _next_stream_id(request, ds, seen, level)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
     await resp.prepare(request)
     if first is None:
@@ -342,18 +361,18 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     executor = request.app[EXECUTOR]
     # Bounded: while it is full the body is not read, and TCP holds the client back.
-    names: asyncio.Queue[str | None] = asyncio.Queue(maxsize=MAX_STREAM_NAMES_QUEUED)
+    names: asyncio.Queue[tuple[str, int] | None] = asyncio.Queue(maxsize=MAX_STREAM_NAMES_QUEUED)
     names.put_nowait(first)
 
     async def read_names() -> None:
-        while (name := await _next_stream_id(request, ds, seen)) is not None:
-            await names.put(name)
+        while (named := await _next_stream_id(request, ds, seen, level)) is not None:
+            await names.put(named)
         await names.put(None)
 
     reader = loop.create_task(read_names())
     upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
     ended = False
-    chunk_id = first
+    chunk_id = first[0]
     try:
         while True:
             # Compress up to _AHEAD named chunks ahead; wait for a name only when idle.
@@ -362,8 +381,9 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
                 if got is None:
                     ended = True
                     break
-                future = loop.run_in_executor(executor, _read_and_encode, ds, got, level)
-                upcoming.append((got, future))
+                name, name_level = got
+                future = loop.run_in_executor(executor, _read_and_encode, ds, name, name_level)
+                upcoming.append((name, future))
             if not upcoming:
                 break
             chunk_id, future = upcoming.popleft()
@@ -390,7 +410,9 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _next_name(names: asyncio.Queue[str | None], reader: asyncio.Task[None]) -> str | None:
+async def _next_name(
+    names: asyncio.Queue[tuple[str, int] | None], reader: asyncio.Task[None]
+) -> tuple[str, int] | None:
     """The next queued name; raises what the body reader raised (a bad name, a cut body)."""
     if names.empty() and reader.done():
         reader.result()

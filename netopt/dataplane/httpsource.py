@@ -14,6 +14,7 @@ sends before any chunk moves. `netopt.dataplane.client` uses these to sync a URL
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import re
 import socket
@@ -50,6 +51,7 @@ from netopt.errors import (
     ProtocolError,
     ValidationError,
 )
+from netopt.transfer.adapt import LevelAdapter
 from netopt.transfer.manifest import Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
 from netopt.transfer.profile import cpu_profile_from_dict
@@ -67,6 +69,11 @@ _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/(
 _READ_PIECE_BYTES = 64 * 1024
 _READ_BUFFER_BYTES = 4 * 1024 * 1024
 _ERROR_TEXT_BYTES = 200
+HANDSHAKE = "tcp handshake"
+FIRST_BYTE = "request time to first byte"
+_CONNECTING: contextvars.ContextVar[Any] = contextvars.ContextVar("netopt_connecting")
+"""The trace context of the connection being created in this task: the socket factory
+marks it when it hands over a socket the prefetch connected (no handshake happens then)."""
 STALL_MIN_S = 2.0
 STALL_MAX_S = 10.0
 STALL_RTTS = 4
@@ -151,6 +158,9 @@ class DatasetInfo:
     server_cpu: CpuProfile
     congestion_control: str | None
     rtt_ms: float
+    rtt_source: str = FIRST_BYTE
+    stream_levels: bool = False
+    """The server's stream route takes a level per line (``NAME LEVEL``)."""
 
 
 class HttpChunkSource:
@@ -169,8 +179,13 @@ class HttpChunkSource:
         self._session: aiohttp.ClientSession | None = None
         self.meta_wire_bytes = 0
         """Bytes the info and manifest requests took (see `fetch_info_and_manifest`)."""
-        self.connect_rtts_s: list[float] = []
-        """TCP handshake times of the connections opened so far (one RTT each)."""
+        self.round_trips_s: dict[str, float] = {}
+        """The shortest real round trip seen so far (s), by where it was seen: a TCP
+        handshake that happened (`HANDSHAKE`, or the prefetch's own), a request's time
+        from its headers sent to the response's (`FIRST_BYTE`)."""
+        self.adapter: LevelAdapter | None = None
+        """With one, each frame feeds it and the level follows the link (see
+        `netopt.transfer.adapt`); None: the level stays as set."""
         self.owns_prefetch = False
         """True for the sync's main source: closing it closes the prefetch's untaken sockets."""
         self.rtt_s: float | None = None
@@ -183,14 +198,29 @@ class HttpChunkSource:
         if self.options.stall_timeout_s is not None:
             return self.options.stall_timeout_s
         rtt_s = self.rtt_s
-        if rtt_s is None and self.connect_rtts_s:
-            rtt_s = min(self.connect_rtts_s)
+        if rtt_s is None and self.round_trips_s:
+            rtt_s = min(self.round_trips_s.values())
         return stall_timeout_s(rtt_s)
+
+    def note_round_trip(self, seconds: float, source: str) -> None:
+        """Keep ``seconds`` if it is the shortest round trip seen from ``source``."""
+        if seconds > 0 and seconds < self.round_trips_s.get(source, float("inf")):
+            self.round_trips_s[source] = seconds
+
+    def round_trip(self) -> tuple[float, str] | None:
+        """The shortest real round trip seen (s) and where; None before any."""
+        if not self.round_trips_s:
+            return None
+        source = min(self.round_trips_s, key=self.round_trips_s.__getitem__)
+        return self.round_trips_s[source], source
 
     def _socket_factory(self, addr_info: Any) -> socket.socket:
         family, type_, proto, _, _ = addr_info
         connected = prefetch.take_socket(self.url.host, self.url.port, family)
         if connected is not None:
+            creating = _CONNECTING.get(None)
+            if creating is not None:
+                creating.adopted = True  # its "connect" is instant: not a round trip
             set_user_timeout(connected, self.stall_timeout_s)
             return connected
         sock = socket.socket(family, type_, proto)
@@ -235,6 +265,8 @@ class HttpChunkSource:
         tracing = aiohttp.TraceConfig()
         tracing.on_connection_create_start.append(self._connect_started)
         tracing.on_connection_create_end.append(self._connect_ended)
+        tracing.on_request_headers_sent.append(self._headers_sent)
+        tracing.on_request_end.append(self._response_started)
         # aiohttp stops reading a socket once 2 x read_bufsize bytes wait unread (64 KiB by
         # default): on a busy loop that throttles TCP. Let a few MiB queue up instead.
         self._session = aiohttp.ClientSession(
@@ -249,9 +281,21 @@ class HttpChunkSource:
 
     async def _connect_started(self, _s: object, ctx: Any, _p: object) -> None:
         ctx.connect_started_s = time.monotonic()
+        ctx.adopted = False
+        _CONNECTING.set(ctx)
 
     async def _connect_ended(self, _s: object, ctx: Any, _p: object) -> None:
-        self.connect_rtts_s.append(time.monotonic() - ctx.connect_started_s)
+        _CONNECTING.set(None)
+        if not ctx.adopted:
+            self.note_round_trip(time.monotonic() - ctx.connect_started_s, HANDSHAKE)
+
+    async def _headers_sent(self, _s: object, ctx: Any, _p: object) -> None:
+        ctx.headers_sent_s = time.monotonic()
+
+    async def _response_started(self, _s: object, ctx: Any, _p: object) -> None:
+        sent_s = getattr(ctx, "headers_sent_s", None)
+        if sent_s is not None:
+            self.note_round_trip(time.monotonic() - sent_s, FIRST_BYTE)
 
     async def warm_up(self, connections: int) -> None:
         """Open ``connections`` connections now (parallel health requests), so the first
@@ -264,10 +308,13 @@ class HttpChunkSource:
             pass  # a task group raises a group: contextlib.suppress would not match it
 
     def open_stream(self) -> HttpChunkStream:
-        """A `ChunkStream` over the server's stream route (see `netopt.dataplane.streaming`)."""
+        """A `ChunkStream` over the server's stream route (see `netopt.dataplane.streaming`);
+        with an `adapter`, each name carries the level of the moment when it differs from
+        the stream's (``NAME LEVEL``, a server advertising ``stream_levels`` only)."""
         session = self._require_session()
         path = f"/v1/datasets/{self.url.name}/stream"
-        return HttpChunkStream(
+        return _LevelledStream(
+            self,
             session,
             self.url.base + path,
             {"level": str(self.zstd_level or 0)},
@@ -276,6 +323,17 @@ class HttpChunkSource:
             self._check_data_response,
             self._read_exactly,
         )
+
+    def asked(self, chunk_id: str, level: int) -> None:
+        """``chunk_id`` was asked for at ``level`` (for the adapter's windows)."""
+        if self.adapter is not None:
+            self.adapter.asked(chunk_id, level)
+
+    def arrived(self, chunk_id: str, raw: RawChunk, length_bytes: int) -> None:
+        """``chunk_id``'s frame was read: the adapter may move the level for what is asked next."""
+        if self.adapter is not None:
+            level = self.adapter.arrived(chunk_id, raw.wire_bytes, length_bytes, time.monotonic())
+            self.zstd_level = level or None
 
     async def __aexit__(self, *exc: object) -> None:
         if self.owns_prefetch:
@@ -319,8 +377,11 @@ class HttpChunkSource:
         session = self._require_session()
         path = f"/v1/datasets/{self.url.name}/batch"
         where = f"{self.url} ({self.url.base}{path})"
-        params = {"level": str(self.zstd_level or 0)}
+        level = self.zstd_level or 0
+        params = {"level": str(level)}
         body = {"chunks": [cid for cid, _ in wanted]}
+        for cid, _ in wanted:
+            self.asked(cid, level)
         asked_s = time.monotonic()
         trace.mark("first_request")
         try:
@@ -330,6 +391,7 @@ class HttpChunkSource:
                     raw = await read_frame(resp, self._read_exactly, expected_id, length, where)
                     if i == 0:
                         trace.add_seconds("request_to_first_chunk", time.monotonic() - asked_s)
+                    self.arrived(expected_id, raw, length)
                     yield raw
         except asyncio.IncompleteReadError as exc:
             raise NetworkError(f"{where}: the stream ended early") from exc
@@ -383,16 +445,16 @@ class HttpChunkSource:
             raise ProtocolError(f"{self.url}: {path} did not return usable JSON") from exc
 
     async def fetch_info(self) -> DatasetInfo:
-        """The dataset's info; also measures the round trip (a TCP handshake, else the request)."""
+        """The dataset's info, with the shortest real round trip seen so far (a handshake
+        that happened, a request's time to first byte: the info request's at least)."""
         path = f"/v1/datasets/{self.url.name}"
         trace.mark("info_request")
         start_s = time.monotonic()
         data = await self._get_json(path, MAX_INFO_BYTES)
-        rtts_ms = [(time.monotonic() - start_s) * 1000]
-        rtts_ms += [rtt_s * 1000 for rtt_s in self.connect_rtts_s]
-        return self.info_from_dict(data, min(rtts_ms))
+        rtt_s, source = self.round_trip() or (time.monotonic() - start_s, "request round trip")
+        return self.info_from_dict(data, rtt_s * 1000, source)
 
-    def info_from_dict(self, data: Any, rtt_ms: float) -> DatasetInfo:
+    def info_from_dict(self, data: Any, rtt_ms: float, rtt_source: str = FIRST_BYTE) -> DatasetInfo:
         """Validate the info document; ProtocolError when it is malformed."""
         try:
             sample = SampleProfile(
@@ -408,6 +470,8 @@ class HttpChunkSource:
                 server_cpu=cpu_profile_from_dict(data["cpu"]),
                 congestion_control=data.get("congestion_control"),
                 rtt_ms=rtt_ms,
+                rtt_source=rtt_source,
+                stream_levels=data.get("stream_levels") is True,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
@@ -440,3 +504,29 @@ class HttpChunkSource:
         if codec not in ("zstd", "identity"):
             raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
         return RawChunk(bytes(body), cast(Codec, codec), len(body))
+
+
+class _LevelledStream(HttpChunkStream):
+    """A chunk stream whose names carry the source's current level when it differs from
+    the one the stream opened with, and whose frames feed the source's adapter."""
+
+    def __init__(self, source: HttpChunkSource, *args: Any) -> None:
+        super().__init__(*args)
+        self._source = source
+        self._opened_level = source.zstd_level or 0
+        self._per_line = source.adapter is not None
+
+    def ask(self, chunk_id: str) -> None:
+        level = (self._source.zstd_level or 0) if self._per_line else self._opened_level
+        self._source.asked(chunk_id, level)
+        if level == self._opened_level:
+            super().ask(chunk_id)
+            return
+        if self._ended:
+            raise RuntimeError("ask() after the stream ended")
+        self._names.put_nowait(b"%s %d\n" % (chunk_id.encode("ascii"), level))
+
+    async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        raw = await super().next(chunk_id, length_bytes)
+        self._source.arrived(chunk_id, raw, length_bytes)
+        return raw

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import struct
 import threading
 import time
 import urllib.parse
@@ -38,14 +39,21 @@ from netopt.dataplane.sockets import set_congestion_control
 # asyncio and http.client are imported where used: `start` runs before them.
 
 __all__ = [
+    "HANDSHAKE_SOURCE",
     "STATS",
     "WARM_CONNECTIONS",
     "MetaAnswer",
     "discard",
+    "handshake_rtt_s",
     "start",
     "take_meta",
     "take_socket",
 ]
+
+HANDSHAKE_SOURCE = "tcp handshake (start-up prefetch)"
+_TCP_INFO = getattr(socket, "TCP_INFO", 11)
+_TCPI_RTT_OFFSET = 68
+"""``tcpi_rtt`` (microseconds) in Linux's ``struct tcp_info``."""
 
 WARM_CONNECTIONS = 4
 """Connections opened during set-up when the stream count is not known yet (the plan's
@@ -65,8 +73,10 @@ class MetaAnswer:
     info: Any
     manifest: Any
     rtt_s: float
-    """The shorter of the two requests' TCP handshakes: one round trip."""
+    """The shortest real round trip the prefetch saw: a TCP handshake of its own (the
+    kernel's figure where it has one) or a request's time to its response headers."""
     wire_bytes: int
+    rtt_source: str = HANDSHAKE_SOURCE
 
 
 class _Connected(socket.socket):
@@ -92,6 +102,8 @@ class _Prefetch:
     threads: list[threading.Thread] = field(default_factory=list)
     answers: dict[str, tuple[Any, float, int]] = field(default_factory=dict)
     sockets: list[socket.socket] = field(default_factory=list)
+    handshakes_s: list[float] = field(default_factory=list)
+    """Round trips of the handshakes this prefetch made itself (data sockets and requests)."""
     closed: bool = False
 
     def fetch(self, key: str, path: str, max_bytes: int) -> None:
@@ -101,10 +113,12 @@ class _Prefetch:
         try:
             start_s = time.monotonic()
             conn.connect()
-            rtt_s = time.monotonic() - start_s
+            self._handshake(conn.sock, time.monotonic() - start_s)
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            asked_s = time.monotonic()
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
+            first_byte_s = time.monotonic() - asked_s
             # Never more than the normal path would read: over that, it asks and refuses.
             if resp.length is not None and resp.length > max_bytes:
                 return
@@ -114,11 +128,26 @@ class _Prefetch:
                     check_manifest_shape(body)
                 doc = json.loads(body)
                 with self.lock:
-                    self.answers[key] = (doc, rtt_s, len(body))
+                    self.answers[key] = (doc, first_byte_s, len(body))
         except (OSError, ValueError, RecursionError, http.client.HTTPException, BodyTooLarge):
             pass  # the normal path asks again and reports what is wrong
         finally:
             conn.close()
+
+    def _handshake(self, sock: socket.socket | None, elapsed_s: float) -> None:
+        """Note one handshake: the kernel's RTT of it where it has one (a thread's clock
+        also counts the wait for the interpreter lock while imports run)."""
+        rtt_s = elapsed_s
+        if sock is not None:
+            try:
+                raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCPI_RTT_OFFSET + 4)
+                kernel_us = struct.unpack_from("I", raw, _TCPI_RTT_OFFSET)[0]
+            except (OSError, struct.error):
+                kernel_us = 0
+            if 0 < kernel_us <= elapsed_s * 1e6:
+                rtt_s = kernel_us / 1e6
+        with self.lock:
+            self.handshakes_s.append(rtt_s)
 
     def connect(self, congestion_control: str | None) -> None:
         try:
@@ -132,7 +161,9 @@ class _Prefetch:
             if congestion_control is not None:
                 set_congestion_control(sock, congestion_control)
             sock.settimeout(self.timeout_s)
+            start_s = time.monotonic()
             sock.connect(address)
+            self._handshake(sock, time.monotonic() - start_s)
         except OSError:
             sock.close()
             return
@@ -210,7 +241,22 @@ async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaA
         return None
     STATS["meta_used"] += 1
     trace.count("prefetched_meta")
-    return MetaAnswer(info[0], manifest[0], min(info[1], manifest[1]), info[2] + manifest[2])
+    handshake_s = handshake_rtt_s(host, port)
+    first_byte_s = min(info[1], manifest[1])
+    if handshake_s is not None and handshake_s <= first_byte_s:
+        rtt_s, source = handshake_s, HANDSHAKE_SOURCE
+    else:
+        rtt_s, source = first_byte_s, "request time to first byte (start-up prefetch)"
+    return MetaAnswer(info[0], manifest[0], rtt_s, info[2] + manifest[2], source)
+
+
+def handshake_rtt_s(host: str, port: int) -> float | None:
+    """The shortest handshake the prefetch to ``host:port`` made so far (s), or None."""
+    pre = _matching(host, port)
+    if pre is None:
+        return None
+    with pre.lock:
+        return min(pre.handshakes_s, default=None)
 
 
 def take_socket(host: str, port: int, family: int) -> socket.socket | None:

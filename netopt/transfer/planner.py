@@ -40,6 +40,8 @@ __all__ = [
     "LinkProfile",
     "SampleProfile",
     "TransferPlan",
+    "cpu_rate_bps",
+    "pair_cpu_profile",
     "per_flow_ceiling_bps",
     "plan_transfer",
 ]
@@ -220,17 +222,47 @@ def _choose_streams(
     return max_streams
 
 
+def cpu_rate_bps(level: int, cpu: CpuProfile) -> float:
+    """Logical bits per second the codec sustains at ``level`` (compressing and
+    decompressing, `CPU_SHARE` of each core): inf with compression off, 0 for a level
+    ``cpu`` never calibrated."""
+    if level <= 0:
+        return math.inf
+    compress = cpu.compress_bytes_per_s.get(level)
+    decompress = cpu.decompress_bytes_per_s.get(level)
+    if compress is None or decompress is None:
+        return 0.0
+    return cpu.cores * CPU_SHARE * min(compress, decompress) * 8
+
+
+def pair_cpu_profile(server: CpuProfile, client: CpuProfile) -> CpuProfile:
+    """One profile for a fetch where ``server`` compresses and ``client`` decompresses
+    (``cores`` folded into the speeds). zstd decompresses about as fast at any level: a
+    level the client never calibrated (a server's precompressed 19, say) gets its
+    slowest calibrated speed."""
+    slowest = min(client.decompress_bytes_per_s.values(), default=0.0)
+    decompress = {
+        lvl: client.decompress_bytes_per_s.get(lvl, slowest) for lvl in server.compress_bytes_per_s
+    }
+    levels = {lvl for lvl, speed in decompress.items() if speed > 0}
+    compress = {lvl: server.cores * server.compress_bytes_per_s[lvl] for lvl in levels}
+    return CpuProfile(
+        cores=1,
+        compress_bytes_per_s=compress,
+        decompress_bytes_per_s={lvl: client.cores * decompress[lvl] for lvl in levels},
+        hash_bytes_per_s=client.cores * client.hash_bytes_per_s,
+    )
+
+
 def _level_rate_bps(
     level: int, ratio: float, wire_bps: float, cpu: CpuProfile
 ) -> tuple[float, Bottleneck]:
     limits: list[tuple[float, Bottleneck]] = [(wire_bps * ratio, "link")]
     if level > 0:
-        compress = cpu.compress_bytes_per_s.get(level)
-        decompress = cpu.decompress_bytes_per_s.get(level)
-        if compress is None or decompress is None:
+        codec_bps = cpu_rate_bps(level, cpu)
+        if codec_bps <= 0:
             return 0.0, "cpu"
-        limits.append((cpu.cores * CPU_SHARE * compress * 8, "cpu"))
-        limits.append((cpu.cores * CPU_SHARE * decompress * 8, "cpu"))
+        limits.append((codec_bps, "cpu"))
     limits.append((cpu.cores * cpu.hash_bytes_per_s * 8, "cpu"))
     if cpu.disk_bytes_per_s is not None:
         limits.append((cpu.disk_bytes_per_s * 8, "disk"))
