@@ -500,7 +500,8 @@ def _run_tool(
         plan = with_plan.get("transfer_plan") or with_plan["plan"]
         predicted = float(plan["predicted_time_s"])
         internal = float(with_plan["seconds"])
-        rtt = plan.get("rtt_ms", with_plan.get("rtt_ms"))
+        # The figures the plan used, each with its source (`link_figures` in --json).
+        rtt = with_plan.get("link_figures", {}).get("rtt_ms", {}).get("value")
         plan_rtt = float(rtt) if rtt is not None else None
     row = Row(mode, name, tool, seconds, logical, wire, cpu, timed_out, predicted, internal)
     row.exit_code, row.complete, row.plan_rtt_ms = rc, got == info.size_bytes, plan_rtt
