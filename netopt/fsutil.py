@@ -1,15 +1,42 @@
-"""Small filesystem helpers: files are never half-written."""
+"""Small filesystem helpers: files are never half-written.
+
+`atomic_write_bytes` writes one file durably; `syncfs`, `fsync_dirs` and `in_threads` are
+the steps of making many files durable at once (`netopt.durable.BatchFlusher`):
+one ``syncfs`` per filesystem when there are many (measured on ext4: about 30 us a
+file, against 200-400 us for one fsync each, whether in sequence or from 8-32 threads),
+otherwise one fsync per file from a few threads.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from netopt.errors import StorageError
 
-__all__ = ["atomic_write_bytes", "fsync_dir"]
+__all__ = [
+    "SYNCFS_MIN_FILES",
+    "atomic_write_bytes",
+    "fsync_dir",
+    "fsync_dirs",
+    "in_threads",
+    "syncfs",
+]
+
+SYNCFS_MIN_FILES = 4
+"""From this many files at once, one ``syncfs`` of their filesystem beats an fsync each
+(measured on ext4 under load: a ``syncfs`` costs 2-16 ms, an fsync 1-9 ms)."""
+
+_FSYNC_THREADS = 8
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -17,8 +44,58 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # a filesystem that cannot sync a directory
+            raise
     finally:
         os.close(fd)
+
+
+def fsync_dirs(directories: Iterable[Path]) -> None:
+    """fsync each directory once, from a few threads (their journal commits overlap)."""
+    in_threads(fsync_dir, sorted(set(directories)))
+
+
+def in_threads(func: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``func(item)`` for each item, from up to 8 threads; the results in order.
+    Re-raises the first failure."""
+    if len(items) <= 1:
+        return [func(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(_FSYNC_THREADS, len(items))) as pool:
+        return list(pool.map(func, items))
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    """Linux ``syncfs(fd)``; None where libc lacks it or the kernel (before 5.8) does not
+    report write-back errors through it (an fsync each then, which does)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+        func = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError, ValueError):
+        return None
+    if (major, minor) < (5, 8):
+        return None
+    func.argtypes = [ctypes.c_int]
+    func.restype = ctypes.c_int
+    return func
+
+
+_syncfs = _load_syncfs()
+
+
+def syncfs(path: str | os.PathLike[str]) -> bool:
+    """Write back everything dirty on the filesystem holding ``path`` and commit its
+    journal; False where ``syncfs`` is not available. OSError when write-back failed."""
+    if _syncfs is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}", str(path))
+    finally:
+        os.close(fd)
+    return True
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:

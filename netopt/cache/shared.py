@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netopt.coordinator.client import CoordinatorClient
-from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk
+from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.httpsource import ClientOptions, DatasetUrl, HttpChunkSource
 from netopt.errors import NetoptError, ValidationError
 from netopt.transfer.manifest import Manifest
 
 __all__ = [
     "RegionSharing",
-    "ReportingSink",
     "SharedChunkSource",
     "SharingOptions",
     "SharingStats",
@@ -177,24 +176,6 @@ class RegionSharing:
         """Report what is left and end the session (frees leases at once)."""
         with contextlib.suppress(NetoptError):
             await self._call((), done=True)
-
-
-class ReportingSink:
-    """A `ChunkSink` that tells the session about every chunk it stores."""
-
-    def __init__(self, inner: ChunkSink, sharing: RegionSharing) -> None:
-        self.inner = inner
-        self.sharing = sharing
-
-    async def has(self, chunk_id: str) -> bool:
-        return await self.inner.has(chunk_id)
-
-    async def put(self, chunk_id: str, data: bytes) -> None:
-        await self.inner.put(chunk_id, data)
-        self.sharing.stored(chunk_id)
-
-    async def get(self, chunk_id: str) -> bytes:
-        return await self.inner.get(chunk_id)
 
 
 def _endpoint_url(endpoint: str, name: str) -> DatasetUrl:

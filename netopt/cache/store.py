@@ -6,14 +6,21 @@ Layout under the cache directory::
     index.json                    pins, current version per dataset, capacity, read counts
     chunks/ab/abcdef...           one file per verified chunk (fan-out by the first two hex digits)
     manifests/NAME/MANIFEST_ID.json
-    tmp/                          partial writes; emptied on open
+    tmp/CHUNK_ID.N                chunks written, not yet durable and in place
 
 The chunk files are the truth: a chunk file exists only once its bytes were
-written under a temporary name, fsynced and renamed, so it is complete. The
-index only holds what cannot be rebuilt from the chunks (pins, read counts) and
-is replaced atomically; on open it is checked against the chunk files (read
+written under a temporary name, made durable and renamed, so it is complete.
+`Cache.put` does not wait for the disk: it writes ``tmp/CHUNK_ID.N`` and hands it
+to a `netopt.durable.BatchFlusher`, which makes the chunks written meanwhile
+durable together (one ``syncfs`` for many) and then renames them into
+``chunks/``; until then the chunk is read from its temporary file. `Cache.flush`
+waits for that; the index is saved, and a sync reports success, only after it.
+The index only holds what cannot be rebuilt from the chunks (pins, read counts)
+and is replaced atomically; on open it is checked against the chunk files (read
 counts of vanished chunks are dropped, versions whose manifest file is missing
-are forgotten), so a SIGKILL at any moment leaves a usable, consistent cache.
+are forgotten), and each file left in ``tmp/`` by a killed process is kept (made
+durable and put in place) if it hashes to its name, else removed; so a SIGKILL at
+any moment leaves a usable, consistent cache that has lost no verified chunk.
 """
 
 from __future__ import annotations
@@ -21,13 +28,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +42,9 @@ import blake3
 
 from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, record_access
 from netopt.dataplane import trace
+from netopt.durable import BatchFlusher
 from netopt.errors import IntegrityError, StorageError, ValidationError
-from netopt.fsutil import atomic_write_bytes, fsync_dir
+from netopt.fsutil import atomic_write_bytes, fsync_dirs
 from netopt.names import is_dataset_name, is_hash_id, validate_dataset_name, validate_hash_id
 from netopt.transfer.manifest import (
     CHUNK_ID_RE,
@@ -53,17 +61,6 @@ __all__ = ["DEFAULT_CAPACITY_BYTES", "Cache"]
 DEFAULT_CAPACITY_BYTES = 100 * 1024**3
 _INDEX_VERSION = 1
 _LOCK_WAIT_S = 30.0
-
-
-_FSYNC_THREADS = 8
-
-
-def _fsync_dir_quietly(directory: Path) -> tuple[Path, OSError] | None:
-    try:
-        fsync_dir(directory)
-    except OSError as exc:
-        return directory, exc
-    return None
 
 
 def _no_space(exc: OSError) -> bool:
@@ -90,7 +87,14 @@ class Cache:
         self.datasets: dict[str, str] = {}
         self.in_use: set[str] = set()
         self._dirty_dirs: set[Path] = set()
-        """Chunk directories whose entries changed since the last `save_index`."""
+        """Chunk directories with entries removed since the last `save_index`."""
+        self._used_bytes = 0
+        self._pending: dict[str, Path] = {}
+        """Chunks written to ``tmp/`` and not yet durable in ``chunks/``: their temporary files."""
+        self._flusher = BatchFlusher("netopt-cache-flush")
+        self._tmp_names = itertools.count()
+        self._chunk_dirs: set[Path] = set()
+        self._dev = 0
         self.tick = 0
         self._pinned_memo: tuple[frozenset[tuple[str, str]], frozenset[str]] | None = None
         self.capacity_bytes = capacity_bytes or DEFAULT_CAPACITY_BYTES
@@ -110,8 +114,8 @@ class Cache:
             for d in (cache.root, cache.chunks_dir, cache.manifests_dir, cache.tmp_dir):
                 d.mkdir(parents=True, exist_ok=True)
             cache._take_lock()
-            for stale in cache.tmp_dir.iterdir():
-                stale.unlink(missing_ok=True)
+            cache._dev = os.stat(cache.tmp_dir).st_dev
+            cache._adopt_leftovers()
             cache._scan_chunks()
             cache._load_index()
         except OSError as exc:
@@ -129,12 +133,15 @@ class Cache:
         self.close()
 
     def close(self) -> None:
-        """Save the index and release the lock (the index write may raise StorageError)."""
+        """Make the chunks durable, save the index and release the lock (StorageError when
+        the disk refuses either; the cache stays consistent)."""
         if self._lock_fd < 0:
             return
         try:
             self.save_index()
         finally:
+            with contextlib.suppress(StorageError):
+                self._flusher.close()
             self._release_lock()
 
     def _take_lock(self) -> None:
@@ -154,13 +161,32 @@ class Cache:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
+    def _adopt_leftovers(self) -> None:
+        """Put in place (durably) each chunk a killed process left in ``tmp/`` that hashes
+        to its name; remove everything else there."""
+        for stale in self.tmp_dir.iterdir():
+            chunk_id = stale.name.split(".", 1)[0]
+            data = b""
+            if CHUNK_ID_RE.fullmatch(chunk_id) and stale.is_file() and not stale.is_symlink():
+                with contextlib.suppress(OSError):
+                    data = stale.read_bytes()
+            if not data or blake3.blake3(data).hexdigest() != chunk_id:
+                stale.unlink(missing_ok=True)
+                continue
+            final = self.chunk_path(chunk_id)
+            final.parent.mkdir(exist_ok=True)
+            self._flusher.add(stale, final, len(data), self._dev)
+        self._flusher.flush()
+
     def _scan_chunks(self) -> None:
         for sub in self.chunks_dir.iterdir():
             if not sub.is_dir():
                 continue
+            self._chunk_dirs.add(sub)
             for entry in os.scandir(sub):
                 if CHUNK_ID_RE.match(entry.name) and entry.name.startswith(sub.name):
                     self.sizes_bytes[entry.name] = entry.stat().st_size
+        self._used_bytes = sum(self.sizes_bytes.values())
 
     def _load_index(self) -> None:
         path = self.root / "index.json"
@@ -197,9 +223,18 @@ class Cache:
             if cid in self.sizes_bytes:
                 self.access[cid] = ChunkAccess(int(count), int(tick))
 
+    def flush(self) -> None:
+        """Wait until every chunk stored so far is durable in ``chunks/``.
+
+        StorageError when the disk refused (the chunks not placed are then lost, the
+        cache stays consistent)."""
+        with trace.timed("cache_flush"):
+            self._flusher.flush()
+
     def save_index(self) -> None:
-        """Write the index atomically (and make renamed chunk files durable first)."""
+        """Write the index atomically, once the chunks stored so far are durable."""
         trace.mark("cache_save_index")
+        self.flush()
         with self._lock:
             if needs_aging(self.access):
                 self.access = age_access(self.access)
@@ -212,13 +247,11 @@ class Cache:
                 "access": {c: [a.count, a.last_tick] for c, a in sorted(self.access.items())},
             }
             dirty, self._dirty_dirs = self._dirty_dirs, set()
-        # Only the directories this process changed; in parallel, so the journal commits
-        # they force overlap (a sync touches most of the 256 fan-out directories).
-        if dirty:
-            with ThreadPoolExecutor(max_workers=min(_FSYNC_THREADS, len(dirty))) as pool:
-                for failed in pool.map(_fsync_dir_quietly, sorted(dirty)):
-                    if failed:
-                        log.debug("cannot fsync %s: %s", failed[0], failed[1])
+        # Removals (eviction, gc): a removal lost to a crash only brings back a valid chunk.
+        try:
+            fsync_dirs(dirty)
+        except OSError as exc:
+            log.debug("cannot fsync the chunk directories: %s", exc)
         atomic_write_bytes(self.root / "index.json", json.dumps(data).encode())
         trace.mark("cache_index_saved")
 
@@ -238,11 +271,14 @@ class Cache:
     def used_bytes(self) -> int:
         """Bytes of stored chunks."""
         with self._lock:
-            return sum(self.sizes_bytes.values())
+            return self._used_bytes
 
-    def put(self, chunk_id: str, data: bytes) -> None:
-        """Store a verified chunk durably, evicting unprotected chunks to stay in capacity.
+    def put(self, chunk_id: str, data: bytes, on_placed: Callable[[], None] | None = None) -> None:
+        """Store a verified chunk, evicting unprotected chunks to stay in capacity.
 
+        Returns once the chunk is written (readable, `has` true); it is durable in
+        ``chunks/`` after the next `flush` (which `save_index` and `close` do), and
+        ``on_placed()`` runs then, on the flusher's thread (where peers can read it).
         Raises StorageError when the disk is full or the capacity cannot hold the
         pinned and in-use chunks; the cache is then unchanged apart from evictions.
         """
@@ -251,33 +287,71 @@ class Cache:
             if chunk_id in self.sizes_bytes:
                 return
             self._make_room(len(data))
-        tmp = self.tmp_dir / f"{chunk_id[:16]}.{threading.get_ident()}"
+        tmp = self.tmp_dir / f"{chunk_id}.{next(self._tmp_names)}"
         try:
-            final.parent.mkdir(exist_ok=True)
-            with tmp.open("wb") as f, trace.timed("cache_put_write_fsync"):
+            if final.parent not in self._chunk_dirs:
+                final.parent.mkdir(exist_ok=True)
+                self._chunk_dirs.add(final.parent)
+            with tmp.open("wb") as f, trace.timed("cache_put_write"):
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            what = "the disk is full" if _no_space(exc) else str(exc)
-            raise StorageError(
-                f"cannot store chunk {chunk_id[:16]} in cache {self.root}: {what}; "
-                "the cache is consistent (free space or lower the capacity and retry)"
-            ) from exc
+            raise self._store_error(chunk_id, exc) from exc
         with self._lock:
+            if chunk_id in self.sizes_bytes:  # another thread stored it meanwhile
+                tmp.unlink(missing_ok=True)
+                return
             self.sizes_bytes[chunk_id] = len(data)
-            self._dirty_dirs.add(final.parent)
+            self._used_bytes += len(data)
+            self._pending[chunk_id] = tmp
+        try:
+            self._flusher.add(
+                tmp, final, len(data), self._dev,
+                on_commit=lambda placed: self._placed(chunk_id, tmp, placed, on_placed),
+            )  # fmt: skip
+        except StorageError as exc:
+            with self._lock:
+                self._pending.pop(chunk_id, None)
+                self._forget(chunk_id)
+            tmp.unlink(missing_ok=True)
+            raise self._store_error(chunk_id, exc) from exc
+
+    def _store_error(self, chunk_id: str, exc: Exception) -> StorageError:
+        what = "the disk is full" if isinstance(exc, OSError) and _no_space(exc) else str(exc)
+        return StorageError(
+            f"cannot store chunk {chunk_id[:16]} in cache {self.root}: {what}; "
+            "the cache is consistent (free space or lower the capacity and retry)"
+        )
+
+    def _placed(
+        self, chunk_id: str, tmp: Path, placed: bool, on_placed: Callable[[], None] | None
+    ) -> None:
+        """The flusher is done with ``tmp``: durable in place, or (``placed`` False) gone."""
+        with self._lock:
+            if self._pending.get(chunk_id) != tmp:
+                return  # removed meanwhile
+            del self._pending[chunk_id]
+            if not placed:
+                self._forget(chunk_id)
+                return
+        if on_placed is not None:
+            on_placed()
+
+    def _forget(self, chunk_id: str) -> int:
+        """Drop a chunk from the books (the caller holds the lock); its size."""
+        size_bytes = self.sizes_bytes.pop(chunk_id, 0)
+        self._used_bytes -= size_bytes
+        self.access.pop(chunk_id, None)
+        return size_bytes
 
     def _make_room(self, incoming_bytes: int) -> None:
-        if sum(self.sizes_bytes.values()) + incoming_bytes <= self.capacity_bytes:
+        if self._used_bytes + incoming_bytes <= self.capacity_bytes:
             return
         # Evict down to a low-water mark so a full cache does not sort on every put.
         slack_bytes = max(incoming_bytes, self.capacity_bytes // 20)
         target_bytes = max(0, self.capacity_bytes - slack_bytes)
         self.remove(evict(self.sizes_bytes, target_bytes, self.protected(), self.access))
-        if sum(self.sizes_bytes.values()) + incoming_bytes > self.capacity_bytes:
+        if self._used_bytes + incoming_bytes > self.capacity_bytes:
             raise StorageError(
                 f"cache {self.root}: capacity {self.capacity_bytes} bytes cannot hold the "
                 "pinned and in-use data; raise cache.capacity_bytes or unpin a dataset"
@@ -289,12 +363,12 @@ class Cache:
         Raises KeyError when absent, IntegrityError when it no longer verifies (it
         is then removed), StorageError when it cannot be read.
         """
-        path = self.chunk_path(chunk_id)
         try:
-            data = path.read_bytes()
+            data = self._read_file(chunk_id)
         except FileNotFoundError:
             with self._lock:
-                self.sizes_bytes.pop(chunk_id, None)
+                if chunk_id not in self._pending:
+                    self._forget(chunk_id)
             raise KeyError(chunk_id) from None
         except OSError as exc:
             raise StorageError(f"cannot read cached chunk {chunk_id[:16]}: {exc}") from exc
@@ -304,6 +378,15 @@ class Cache:
         if record:
             self.record_reads([chunk_id])
         return data
+
+    def _read_file(self, chunk_id: str) -> bytes:
+        final = self.chunk_path(chunk_id)
+        with self._lock:
+            tmp = self._pending.get(chunk_id)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):  # placed meanwhile
+                return tmp.read_bytes()
+        return final.read_bytes()
 
     def record_reads(self, chunk_ids: Iterable[str]) -> None:
         """Feed reads (from syncs, the torch dataset, ...) into the access statistics."""
@@ -318,11 +401,14 @@ class Cache:
         with self._lock:
             for cid in list(chunk_ids):
                 path = self.chunk_path(cid)
+                tmp = self._pending.pop(cid, None)
+                if tmp is not None:  # the flusher finds it gone (or has just placed it)
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     self._dirty_dirs.add(path.parent)
-                freed += self.sizes_bytes.pop(cid, 0)
-                self.access.pop(cid, None)
+                freed += self._forget(cid)
         return freed
 
     def iter_chunk_ids(self) -> Iterator[str]:

@@ -2,8 +2,10 @@
 
 The cache is the sync engine's `ChunkSink`: chunks already cached are never
 fetched again (delta sync, and resume after a crash), files in DEST are
-written from cached chunks (temp name, fsync, rename), and reads feed the
-cache's access statistics before eviction brings it back under capacity.
+written from cached chunks (temp name, made durable in batches, rename), and
+reads feed the cache's access statistics before eviction brings it back under
+capacity. A sync reports success only once every file it wrote and every chunk
+it stored is durable (`Cache.flush`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from netopt.cache.residency import check_residency, find_spec
 from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
-from netopt.dataplane.chunkio import ChunkSink, ChunkSource
+from netopt.dataplane.chunkio import ChunkSource
 from netopt.dataplane.httpsource import ClientOptions, HttpChunkSource
 from netopt.dataplane.sync import sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
@@ -52,16 +54,29 @@ __all__ = [
 
 
 class CacheSink:
-    """The cache as the sync engine's `ChunkSink`; reads count as accesses."""
+    """The cache as the sync engine's `ChunkSink`; reads count as accesses.
 
-    def __init__(self, cache: Cache) -> None:
+    ``on_placed(chunk_id)`` runs on the event loop once a stored chunk is durable in
+    the cache's ``chunks/``, where the node's agent serves it to peers (region sharing
+    reports it then, not before)."""
+
+    def __init__(self, cache: Cache, on_placed: Callable[[str], None] | None = None) -> None:
         self.cache = cache
+        self.on_placed = on_placed
 
     async def has(self, chunk_id: str) -> bool:
         return self.cache.has(chunk_id)
 
     async def put(self, chunk_id: str, data: bytes) -> None:
-        await asyncio.to_thread(self.cache.put, chunk_id, data)
+        placed: Callable[[], None] | None = None
+        if self.on_placed is not None:
+            loop, report = asyncio.get_running_loop(), self.on_placed
+
+            def placed() -> None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody asks
+                    loop.call_soon_threadsafe(report, chunk_id)
+
+        await asyncio.to_thread(self.cache.put, chunk_id, data, placed)
 
     async def get(self, chunk_id: str) -> bytes:
         return await asyncio.to_thread(self.cache.read, chunk_id)
@@ -290,7 +305,7 @@ async def _sync_into_cache(
     cache.in_use = set(manifest.unique_chunks())
     opts = replace(req.sync_options or SyncOptions(), streams=opened.streams)
     source: ChunkSource = opened.source
-    sink: ChunkSink = CacheSink(cache)
+    sink = CacheSink(cache)
     shared: dict[str, Any] | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -300,14 +315,14 @@ async def _sync_into_cache(
                 if isinstance(joined, str):
                     shared = {"enabled": False, "reason": joined}
                 else:
-                    from netopt.cache.shared import ReportingSink
-
                     sharing, source = joined
-                    sink = ReportingSink(sink, sharing)
+                    sink = CacheSink(cache, sharing.stored)
                     opts = replace(opts, start_fraction=sharing.stats.start_fraction)
             summary = await sync_manifest(
                 manifest, source, sink, req.dest, opts, on_progress=on_progress
             )
+            # Durable before success is reported (and before peers are told the last ones).
+            await asyncio.to_thread(cache.flush)
             if sharing is not None:
                 await sharing.flush()
                 shared = {"enabled": True, **sharing.stats.to_dict()}

@@ -2,8 +2,11 @@
 
 A `FileAssembler` appends each chunk as soon as it and every chunk before it
 are in the sink, so a large file is mostly written by the time its last chunk
-lands; the remaining work is one fsync and a rename. The file appears under
-its real name only complete, with the manifest's mode and mtime.
+lands. The finished file is handed to the sync's `netopt.durable.BatchFlusher`,
+which applies the manifest's mode and mtime, makes it durable together with the
+other files finished meanwhile (one ``syncfs`` for many) and only then renames it
+into place: the file appears under its real name complete and on disk, and no
+writer waits for an fsync of its own.
 
 A sync may have hundreds of thousands of files pending: a temporary file is
 opened only once its first chunk is there, and an `OpenFiles` budget keeps at
@@ -25,6 +28,7 @@ from typing import IO, Any
 
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSink
+from netopt.durable import BatchFlusher
 from netopt.errors import IntegrityError, PathTraversalError, StorageError
 from netopt.transfer.manifest import FileEntry, Manifest
 
@@ -59,12 +63,17 @@ def _load_start_writeback() -> Callable[[int, int, int], None] | None:
 _start_writeback = _load_start_writeback()
 
 
-def _write(f: IO[bytes], data: bytes) -> None:
-    """Append ``data`` and start writing it to disk at once, so the file's final fsync
-    finds little left to do (it otherwise flushes the whole file after the last chunk)."""
+WRITEBACK_FROM_BYTES = 1024 * 1024
+"""Files at least this large start writing each chunk to disk as it is appended."""
+
+
+def _write(f: IO[bytes], data: bytes, writeback: bool) -> None:
+    """Append ``data``; with ``writeback``, start writing it to disk at once, so the
+    flusher finds little left to do for a large file (it otherwise writes the whole
+    file after the last chunk). Small files are left to the flusher's batch."""
     offset_bytes = f.tell()
     f.write(data)
-    if _start_writeback is not None:
+    if writeback and _start_writeback is not None:
         f.flush()
         _start_writeback(f.fileno(), offset_bytes, len(data))
 
@@ -73,15 +82,14 @@ def _tmp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.{secrets.token_hex(4)}.netopt-tmp")
 
 
-def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry) -> None:
-    trace.mark("file_fsync_start")
+def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry, flusher: BatchFlusher) -> None:
+    """Close the complete file and hand it to ``flusher`` (which may wait while its
+    backlog is full)."""
     f.flush()
-    with trace.timed("file_fsync"):
-        os.fsync(f.fileno())
+    dev = os.fstat(f.fileno()).st_dev
     f.close()
-    os.chmod(tmp, entry.mode)
-    os.utime(tmp, ns=(entry.mtime_ns, entry.mtime_ns))
-    os.replace(tmp, target)
+    with trace.timed("file_handover"):
+        flusher.add(tmp, target, entry.size_bytes, dev, mode=entry.mode, mtime_ns=entry.mtime_ns)
 
 
 def _discard(f: IO[bytes] | None, tmp: Path | None) -> None:
@@ -137,8 +145,9 @@ class FileAssembler:
 
     ``available`` is the live set of chunk names in the sink; ``refetch`` fetches
     and verifies a chunk again when the sink lost it or it no longer verifies;
-    ``on_done(entry)`` runs once the file is in place. ``open_files`` is the sync's
-    budget of open temporary files (one of its own when not given).
+    ``on_done(entry)`` runs once the file is complete and handed to ``flusher``
+    (which puts it in place once durable). ``open_files`` is the sync's budget of
+    open temporary files (one of its own when not given).
     """
 
     def __init__(
@@ -150,6 +159,7 @@ class FileAssembler:
         run_in_thread: RunInThread,
         refetch: Callable[[str], Awaitable[bytes]],
         on_done: Callable[[FileEntry], None],
+        flusher: BatchFlusher,
         open_files: OpenFiles | None = None,
     ) -> None:
         self.entry = entry
@@ -159,6 +169,8 @@ class FileAssembler:
         self._run = run_in_thread
         self._refetch = refetch
         self._on_done = on_done
+        self._flusher = flusher
+        self._writeback = entry.size_bytes >= WRITEBACK_FROM_BYTES
         self._open_files = open_files or OpenFiles()
         self._next = 0
         self._running = False
@@ -235,11 +247,13 @@ class FileAssembler:
             while self._next < len(chunks) and chunks[self._next].chunk_id in self.available:
                 data = await self._chunk(chunks[self._next].chunk_id)
                 with trace.timed("file_write_await"):
-                    await self._run(_write, f, data)
+                    await self._run(_write, f, data, self._writeback)
                 self._next += 1
             if self._next < len(chunks):
                 return True
-            await self._run(_finish, f, self._tmp, self.target, self.entry)
+            # A hand-over cut short (cancelled) races with the discard below: either the
+            # file is withdrawn before its rename or it is placed whole; both are fine.
+            await self._run(_finish, f, self._tmp, self.target, self.entry, self._flusher)
             self._file = None
             self.done = True
             trace.mark_last("files_written")
@@ -263,16 +277,22 @@ def _up_to_date(target: Path, entry: FileEntry) -> bool:
     return target.is_file() and st.st_size == entry.size_bytes and st.st_mtime_ns == entry.mtime_ns
 
 
-def _safe_target(dest_real: Path, entry: FileEntry) -> Path:
-    """``dest/entry.path``, refusing a path that a symlink under dest would lead outside."""
+def _safe_target(dest_real: Path, entry: FileEntry, parents: dict[Path, Path]) -> Path:
+    """``dest/entry.path``, refusing a path that a symlink under dest would lead outside.
+
+    ``parents`` remembers each directory already created and resolved (a tree of many
+    files has few directories)."""
     target = dest_real / entry.path
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StorageError(f"cannot create {target.parent}: {exc}") from exc
-    parent_real = target.parent.resolve()
-    if parent_real != dest_real and dest_real not in parent_real.parents:
-        raise PathTraversalError(f"{entry.path} leads outside {dest_real} through a symlink")
+    parent_real = parents.get(target.parent)
+    if parent_real is None:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create {target.parent}: {exc}") from exc
+        parent_real = target.parent.resolve()
+        if parent_real != dest_real and dest_real not in parent_real.parents:
+            raise PathTraversalError(f"{entry.path} leads outside {dest_real} through a symlink")
+        parents[target.parent] = parent_real
     return parent_real / target.name
 
 
@@ -287,8 +307,9 @@ def scan_destination(
     dest_real = dest.resolve()
     pending: list[tuple[FileEntry, Path]] = []
     skipped = 0
+    parents: dict[Path, Path] = {}
     for entry in manifest.files:
-        target = _safe_target(dest_real, entry)
+        target = _safe_target(dest_real, entry, parents)
         if _up_to_date(target, entry):
             skipped += 1
         else:

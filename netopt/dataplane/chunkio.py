@@ -110,7 +110,9 @@ class ChunkSink(Protocol):
         ...
 
     async def put(self, chunk_id: str, data: bytes) -> None:
-        """Store a chunk whose hash the caller has verified; durable when this returns."""
+        """Store a chunk whose hash the caller has verified; readable when this returns,
+        durable once the sink's owner flushes it (the cache: `Cache.flush`, before a sync
+        reports success) or, for sinks without a flush, when this returns."""
         ...
 
     async def get(self, chunk_id: str) -> bytes:

@@ -6,10 +6,13 @@ retried with exponential backoff and jitter when the network or the check fails
 (a network failure for up to ``retry_window_s`` per chunk, so a sync rides out a
 server restart or a link cut; a stalled connection is abandoned for a fresh one), and
 stored in the sink; a bad chunk is never stored. As soon as every chunk of a
-file is in the sink the file is written under a temporary name, fsynced and
-renamed into place with its mode and mtime, so files appear whole or not at
-all. Chunks already in the sink are not fetched again, which is how an
-interrupted sync resumes.
+file is in the sink the file is written under a temporary name and handed to a
+`netopt.durable.BatchFlusher`, which makes the files finished meanwhile durable
+together (one ``syncfs`` for many, no fsync per file on the way) and then renames
+them into place with their modes and mtimes, so files appear whole and on disk
+or not at all; the sync returns only once every file is in place and durable.
+Chunks already in the sink are not fetched again, which is how an interrupted
+sync resumes.
 
 The pieces: `netopt.dataplane.synctypes` (options, progress, summary),
 `netopt.dataplane.syncrun` (the shared state and the batch worker),
@@ -20,6 +23,7 @@ The pieces: `netopt.dataplane.synctypes` (options, progress, summary),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import Counter
@@ -36,8 +40,9 @@ from netopt.dataplane.held import HeldSink
 from netopt.dataplane.streamwork import stream_worker
 from netopt.dataplane.syncrun import SyncRun
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress, SyncSummary
-from netopt.errors import NetoptError
-from netopt.transfer.manifest import Manifest
+from netopt.durable import BatchFlusher
+from netopt.errors import NetoptError, StorageError
+from netopt.transfer.manifest import FileEntry, Manifest
 
 __all__ = [
     "ProgressCallback",
@@ -78,7 +83,9 @@ async def sync_manifest(
 ) -> SyncSummary:
     """Make ``dest`` hold ``manifest``'s files; return what it took.
 
-    Files already present with the manifest's size and mtime are skipped. Raises
+    Files already present with the manifest's size and mtime are skipped; the files
+    written are durable when this returns (the sink's chunks are durable once its owner
+    flushes it, e.g. `netopt.cache.store.Cache.flush`). Raises
     NetworkError / PeerUnreachableError when a chunk has kept failing for
     ``options.retry_window_s``, IntegrityError when ``options.max_attempts`` copies of
     a chunk fail their check,
@@ -91,6 +98,47 @@ async def sync_manifest(
     dest_real, pending, skipped = await asyncio.to_thread(scan_destination, Path(dest), manifest)
     uses: Counter[str] = Counter(ref.chunk_id for entry, _ in pending for ref in entry.chunks)
     held = HeldSink(sink, uses, opts.hold_bytes)
+    flusher = BatchFlusher("netopt-dest-flush")
+    try:
+        run, reused, refetched = await _fetch_and_write(
+            manifest, source, held, dest_real, pending, opts, flusher, on_progress
+        )
+        with trace.timed("dest_flush"):
+            await asyncio.to_thread(flusher.flush)
+    finally:
+        # After a failure: the files already complete still go into place (durably);
+        # the first error is the one raised.
+        with contextlib.suppress(StorageError):
+            await asyncio.to_thread(flusher.close)
+    trace.mark("sync_done")
+    return SyncSummary(
+        dataset=manifest.name,
+        files=len(manifest.files),
+        files_written=run.files_written,
+        files_skipped=skipped,
+        chunks_fetched=run.chunks_done + refetched,
+        chunks_reused=reused,
+        chunk_retries=run.retries,
+        wire_bytes=run.wire_bytes,
+        fetched_logical_bytes=run.fetched_logical_bytes,
+        logical_bytes=run.written_bytes,
+        seconds=time.monotonic() - started_s,
+    )
+
+
+async def _fetch_and_write(
+    manifest: Manifest,
+    source: ChunkSource,
+    held: HeldSink,
+    dest_real: Path,
+    pending: list[tuple[FileEntry, Path]],
+    opts: SyncOptions,
+    flusher: BatchFlusher,
+    on_progress: ProgressCallback | None,
+) -> tuple[SyncRun, int, int]:
+    """Fetch what ``held``'s sink lacks and hand each finished file to ``flusher``; the
+    run, the chunks reused from the sink and the chunks fetched again."""
+    sink = held.sink
     with ThreadPoolExecutor(max_workers=max(1, opts.worker_threads)) as executor:
         run = SyncRun(manifest, source, held, dest_real, opts, on_progress, executor)
         missing: dict[str, None] = {}
@@ -129,6 +177,7 @@ async def sync_manifest(
                 run.in_thread,
                 refetch,
                 run.file_done,
+                flusher,
                 open_files,
             )
             for entry, target in pending
@@ -168,17 +217,4 @@ async def sync_manifest(
         finally:
             for assembler in assemblers:
                 assembler.abandon()
-    trace.mark("sync_done")
-    return SyncSummary(
-        dataset=manifest.name,
-        files=len(manifest.files),
-        files_written=run.files_written,
-        files_skipped=skipped,
-        chunks_fetched=run.chunks_done + len(refetched),
-        chunks_reused=len(reused),
-        chunk_retries=run.retries,
-        wire_bytes=run.wire_bytes,
-        fetched_logical_bytes=run.fetched_logical_bytes,
-        logical_bytes=run.written_bytes,
-        seconds=time.monotonic() - started_s,
-    )
+    return run, len(reused), len(refetched)
