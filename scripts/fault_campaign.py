@@ -538,16 +538,21 @@ def _coordinator(work: Path) -> tuple[subprocess.Popen[str], int]:
         f"kind: coordinator\nlisten:\n  host: 127.0.0.1\n  port: {port}\n"
         f"token_file: {token}\ndatabase: {work / 'coord.db'}\n"
     )
-    log = (work / "coordinator.log").open("a")
+    return _daemon("coordinator", cfg, port, work), port
+
+
+def _daemon(kind: str, cfg: Path, port: int, work: Path) -> subprocess.Popen[str]:
+    """``netopt KIND --config CFG``, logging to WORK/KIND.log, once it listens on ``port``."""
+    log = (work / f"{kind}.log").open("a")
     proc = subprocess.Popen(
-        [PY, "-m", "netopt", "coordinator", "--config", str(cfg)],
+        [PY, "-m", "netopt", kind, "--config", str(cfg)],
         stdout=log,
         stderr=log,
         text=True,
         env=env_for(work),
     )
     wait_port(port)
-    return proc, port
+    return proc
 
 
 def wait_port(port: int, timeout_s: float = 60) -> None:
@@ -700,16 +705,7 @@ def _agent(work: Path, coord_port: int) -> tuple[subprocess.Popen[str], int]:
         f"probe:\n  port: {probe}\nspool:\n  dir: {work / 'spool'}\n"
         f"cache:\n  dir: {work / 'agent-cache'}\n"
     )
-    log = (work / "agent.log").open("a")
-    proc = subprocess.Popen(
-        [PY, "-m", "netopt", "agent", "--config", str(cfg)],
-        stdout=log,
-        stderr=log,
-        text=True,
-        env=env_for(work),
-    )
-    wait_port(port)
-    return proc, port
+    return _daemon("agent", cfg, port, work), port
 
 
 def trial_link_cuts(work: Path, cuts_s: tuple[float, ...], data_mb: int) -> Trial:
