@@ -82,10 +82,19 @@ def check_manifest_shape(raw: bytes | bytearray, max_entries: int = MAX_MANIFEST
     those over-counts only by the ones inside strings), so that count bounds what
     parsing allocates. Raises BodyTooLarge.
     """
-    tokens = raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{")
+    brackets = raw.count(b"[")
+    tokens = raw.count(b",") + raw.count(b":") + brackets + raw.count(b"{")
     if tokens > _TOKENS_PER_ENTRY * max_entries + 64:
         raise BodyTooLarge(
             f"manifest: {tokens} JSON values is more than {max_entries} entries can hold"
+        )
+    # Each file opens one list (its chunks) and each chunk reference one more, past the
+    # one list of files: the entries, counted without parsing (a '[' inside a name only
+    # over-counts), so a manifest over the cap costs its bytes, not a parse.
+    if brackets - 1 > max_entries:
+        raise BodyTooLarge(
+            f"manifest: about {brackets - 1} files and chunks, over the {max_entries} "
+            "entries a client accepts"
         )
 
 

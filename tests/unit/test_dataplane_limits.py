@@ -54,7 +54,21 @@ def test_too_many_entries_or_too_long_chunks_are_refused() -> None:
 
 
 def test_a_body_of_tiny_values_is_refused_before_parsing() -> None:
-    raw = b'{"files": [' + b"[]," * 20_000 + b"[]]}"
+    raw = b'{"files": [' + b"0," * 40_000 + b"0]}"
     check_manifest_shape(raw, max_entries=4000)  # ~40,000 values: room for 4,000 entries
     with pytest.raises(BodyTooLarge, match="JSON values"):
         check_manifest_shape(raw, max_entries=3000)
+
+
+def test_a_manifest_over_the_entry_cap_is_refused_before_parsing() -> None:
+    # The campaign's hostile server: one more (empty) file than the cap. Refused from the
+    # body's bytes, not after parsing it into ~1 KB of objects per entry.
+    at_cap = _manifest(0)
+    files = [
+        {"path": f"f{i:07d}", "size_bytes": 0, "mode": 420, "mtime_ns": 0, "chunks": []}
+        for i in range(1001)
+    ]
+    raw = json.dumps({**manifest_to_dict(at_cap), "files": files}).encode()
+    with pytest.raises(BodyTooLarge, match="over the 1000 entries"):
+        check_manifest_shape(raw, max_entries=1000)
+    check_manifest_shape(raw, max_entries=1001)
