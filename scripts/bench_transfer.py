@@ -10,9 +10,10 @@ Builds the lab in --topology (default configs/lab/bench-transfer.yaml, hk <-> us
 80 Mbit/s, 140 ms RTT, 1% loss), builds the corpus kinds named by --data from real
 files of this machine (scripts/corpus.py; --size-mb each) and fetches each kind,
 a directory, from us-1 to hk-1 with every tool, once with the nodes' default
-congestion control left at bbr and once with reno (loss-based; a namespace
-cannot default to cubic, see shared/LAB.md). netopt's server sets bbr on its own
-sockets in both modes: that is the point of comparing against the tools' default.
+congestion control left at bbr and once with reno (loss-based; a namespace cannot
+default to cubic: `tcp_allowed_congestion_control` is `reno bbr`). netopt's server
+sets bbr on its own sockets in both modes: that is the point of comparing against the
+tools' default.
 
 The peers run in their strongest configuration: nginx on us-1 (foreground, a
 temp config: ranges, keep-alive, listings) serves curl, ``aria2c -x16 -s16``

@@ -17,7 +17,7 @@ from netopt.nccl.model import LinkFigures, NodeInfo
 __all__ = ["LabHandle", "lab_link_figures", "lab_nodes", "measure_single_stream"]
 
 INTRA_GOODPUT_RATIO = 0.95
-"""TCP goodput / line rate on an unlossy emulated link (shared/LAB.md: 95.6 of 100)."""
+"""TCP goodput / line rate on an unlossy emulated link (the lab's relay: 95.6 of 100)."""
 
 
 class LabHandle(Protocol):
