@@ -155,6 +155,10 @@ def _gone(chunk_id: str) -> web.HTTPGone:
     return web.HTTPGone(text=json.dumps(exc.to_dict()), content_type="application/json")
 
 
+_REFRESHING: set[asyncio.Task[ServedDataset]] = set()
+"""Background refreshes started by stale reads, held until they end."""
+
+
 def _stale_read(request: web.Request) -> None:
     """A chunk no longer matches its file: publish the new version in the background,
     so the client's next request learns that its chunk is gone (410)."""
@@ -163,6 +167,8 @@ def _stale_read(request: web.Request) -> None:
         loop = asyncio.get_running_loop()
         executor = request.app[EXECUTOR]
         task = loop.create_task(found.fresh(lambda fn: loop.run_in_executor(executor, fn)))
+        _REFRESHING.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(_REFRESHING.discard)
         task.add_done_callback(_log_refresh_failure)
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from netopt.chunking import chunk_file
 from netopt.dataplane.served import ServedDataset, index_chunks, load_dataset
 from netopt.dataplane.watch import FileStamp, TreeWatcher, stat_tree
-from netopt.errors import StorageError
+from netopt.errors import PathTraversalError, StorageError
 from netopt.transfer.manifest import FileEntry, Manifest, validate_rel_path
 from netopt.transfer.planner import SampleProfile
 
@@ -70,7 +70,7 @@ def rebuild_manifest(
     Returns the new manifest and the stamps of the files it describes (taken before
     each file was read, so a write during the read shows up as a change next time).
     A file that vanished in between is left out. Raises StorageError when a file
-    cannot be read, PathTraversalError for a name that could not be served safely.
+    cannot be read; a file whose name could not be served safely is left out (logged).
     """
     entries = {f.path: f for f in manifest.files}
     kept = dict(stamps)
@@ -78,6 +78,15 @@ def rebuild_manifest(
         entries.pop(rel, None)
     for rel in (*change.changed, *change.added):
         path = root / rel
+        try:
+            validate_rel_path(rel)
+        except PathTraversalError as exc:
+            # A name no client could write safely: not served, remembered so the next
+            # walk does not take it for new again.
+            log.warning("not serving %r: %s", rel, exc)
+            entries.pop(rel, None)
+            kept[rel] = stamps[rel]
+            continue
         try:
             st = path.lstat()
             if not stat.S_ISREG(st.st_mode):
@@ -90,7 +99,7 @@ def rebuild_manifest(
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc}") from exc
         entries[rel] = FileEntry(
-            validate_rel_path(rel),
+            rel,
             st.st_size,
             stat.S_IMODE(st.st_mode) & 0o777,
             st.st_mtime_ns,

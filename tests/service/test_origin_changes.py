@@ -224,3 +224,29 @@ def test_cli_resync_after_in_place_change_sends_the_current_bytes(tmp_path: Path
         serve.wait(timeout=30)
         if serve.stdout:
             serve.stdout.close()
+
+
+async def test_a_file_added_with_an_unservable_name_is_left_out(tmp_path: Path) -> None:
+    # A name no client could write safely (a control character) appears after the start:
+    # the dataset keeps answering, with the new good file and without the bad one.
+    src = tmp_path / "src"
+    _write_tree(src, seed=1, files=4)
+    live, runner, port = await _serve(src)
+    try:
+        (src / "bad\nname.txt").write_bytes(b"refused")
+        (src / "good.txt").write_bytes(b"served")
+        url = f"http://127.0.0.1:{port}/v1/datasets/{NAME}/manifest"
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession(headers=headers) as http, http.get(url) as resp:
+            assert resp.status == 200
+            paths = {f["path"] for f in (await resp.json())["files"]}
+        assert "good.txt" in paths
+        assert "bad\nname.txt" not in paths
+        published = live.versions_published
+        (src / "top.txt").write_bytes(b"changed again\n")
+        live.refresh()
+        assert live.versions_published == published + 1
+        assert "bad\nname.txt" not in {f.path for f in live.manifest.files}
+    finally:
+        await runner.cleanup()  # type: ignore[attr-defined]
+        live.close()
