@@ -41,9 +41,10 @@ def _finished_files(src: Path, dest: Path) -> int:
 
 
 def _stored(cache: Path) -> int:
-    if not cache.is_dir():
-        return 0
-    return sum(1 for _ in (cache / "tmp").iterdir()) + sum(1 for _ in cache.glob("chunks/*/*"))
+    """Chunks written so far (flushed or not); 0 before the sync has made its cache dirs."""
+    tmp = cache / "tmp"
+    unflushed = sum(1 for _ in tmp.iterdir()) if tmp.is_dir() else 0
+    return unflushed + sum(1 for _ in cache.glob("chunks/*/*"))
 
 
 async def _sync(url: str, dest: Path, cache: Path) -> asyncio.subprocess.Process:
@@ -63,6 +64,7 @@ async def test_kill_many_file_sync_at_random_points_then_complete(tmp_path: Path
     rng = random.Random(14)
     held: set[str] = set()
     kills = 0
+    proc: asyncio.subprocess.Process | None = None
     try:
         for _ in range(KILLS):
             stats.chunk_requests.clear()
@@ -100,4 +102,7 @@ async def test_kill_many_file_sync_at_random_points_then_complete(tmp_path: Path
         assert _finished_files(src, dest) == FILES
         assert not list(dest.rglob("*.netopt-tmp"))
     finally:
+        if proc is not None and proc.returncode is None:  # a failed assertion above
+            proc.kill()
+            await proc.communicate()
         await runner.cleanup()
