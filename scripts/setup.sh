@@ -11,6 +11,12 @@ dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
 APT_PACKAGES=(iperf3 iproute2 nftables ethtool iputils-ping procps psmisc curl rsync aria2 kmod chromium nginx-light rclone)
+if [ $dev = 1 ]; then
+  # tests/service/test_deploy.py: lint and render deploy/ (systemd-analyze, logrotate, kubectl
+  # kustomize) and build the image where a registry can be reached (podman).
+  APT_PACKAGES+=(systemd logrotate podman)
+  command -v kubectl >/dev/null || APT_PACKAGES+=(kubernetes-client)
+fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -32,8 +38,8 @@ PYTHON=${PYTHON:-python3}
 # torch first, pinned: the CPU build on this kind of machine; a bare `torch` would pull CUDA.
 .venv/bin/python -m pip install -q "torch==${NETOPT_TORCH_VERSION:-2.13.0}"
 if [ $dev = 1 ]; then
-  .venv/bin/python -m pip install -q -e ".[torch,s3,bench,dev]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3,bench,demo,dev]"
 else
-  .venv/bin/python -m pip install -q -e ".[torch,s3,bench]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3,bench,demo]"
 fi
 echo "setup: done ($(.venv/bin/netopt --version))"

@@ -38,6 +38,14 @@ def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int
     100 Mbit/s, 80 ms RTT, 0.5%-loss link. Without root: the same on loopback, the
     link emulated by user-space relays.
     """
+    import importlib.util
+
+    from netopt.errors import DependencyError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise DependencyError(
+            "netopt demo draws its report with matplotlib: pip install 'netopt[demo]'"
+        )
     from netopt.demo.run import DemoOptions, run_demo
 
     def say(message: str) -> None:

@@ -27,7 +27,15 @@ from netopt.nccl.model import (
     TuneOptions,
     parse_version,
 )
-from netopt.nccl.render import FORMATS, Format, render, render_per_node_files, render_tuner_csv
+from netopt.nccl.render import (
+    FORMATS,
+    Format,
+    differing_keys,
+    render,
+    render_node,
+    render_per_node_files,
+    render_tuner_csv,
+)
 from netopt.nccl.tuner import tune_nccl
 
 __all__ = ["NcclEnvRequest", "nccl_env", "run_nccl_env", "select_nodes"]
@@ -45,13 +53,15 @@ class NcclEnvRequest:
     nccl_version: NcclVersion
     torch_version: NcclVersion
     fmt: Format
-    per_node: str
+    per_node: str | None
     output: str | None
     tuner_csv: str | None
     options: TuneOptions
     coordinator: str | None = None
     token_file: str | None = None
     window_s: float = 3600.0
+    node: str | None = None
+    versions_note: str = ""
 
 
 def select_nodes(settings: LinksSettings, wanted: tuple[str, ...]) -> tuple[NodeInfo, ...]:
@@ -95,13 +105,70 @@ def run_nccl_env(request: NcclEnvRequest) -> NcclSettings:
         for node, text in render_per_node_files(result).items():
             atomic_write_bytes(out.with_name(f"{out.stem}.{node}{out.suffix}"), text.encode())
         return result
-    text = render(result, request.fmt)
+    if request.node is not None:
+        if request.node not in result.nodes:
+            raise UsageError(
+                f"--node {request.node} is not one of --nodes {','.join(result.nodes)}"
+            )
+        text = render_node(result, request.node, request.fmt)
+    else:
+        differ = differing_keys(result)
+        if differ and request.per_node != "switch" and request.fmt in ("env", "slurm"):
+            raise UsageError(
+                f"{', '.join(differ)} differ between the nodes, so one plain file cannot hold "
+                "them: choose --node NAME (that node's file), --per-node files (one file per "
+                "node, -o FILE), or --per-node switch (a shell file with a hostname case)"
+            )
+        text = render(result, request.fmt, switch=request.per_node == "switch")
+    if request.versions_note and request.fmt != "json":
+        first, _, rest = text.partition("\n")
+        text = f"{first}\n# versions: {request.versions_note}\n{rest}"
     if request.output:
         atomic_write_bytes(request.output, text.encode())
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
     return result
+
+
+def installed_versions() -> tuple[str | None, str | None]:
+    """(NCCL, PyTorch) versions of the torch this Python imports; None where unknown."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None, None
+    try:
+        import torch
+    except Exception:  # a broken install is "not installed" here
+        return None, None
+    torch_version = str(torch.__version__).split("+")[0]
+    try:
+        raw = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]  # a CPU build has no NCCL and raises
+    except Exception:
+        return None, torch_version
+    if isinstance(raw, tuple):
+        return ".".join(map(str, raw)), torch_version
+    number = int(raw)  # old torch: 2.18.3 as 21803
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}", torch_version
+
+
+def _versions(nccl: str | None, torch: str | None) -> tuple[str, str, str]:
+    """The versions to tune for and a note saying where each came from."""
+    found_nccl, found_torch = (
+        installed_versions() if nccl is None or torch is None else (None, None)
+    )
+
+    def pick(given: str | None, found: str | None, default: str, missing: str) -> tuple[str, str]:
+        if given is not None:
+            return given, "given"
+        if found is not None:
+            return found, "installed"
+        return default, f"default: {missing}"
+
+    nccl_value, nccl_from = pick(nccl, found_nccl, DEFAULT_NCCL_VERSION, "no torch with NCCL here")
+    torch_value, torch_from = pick(torch, found_torch, DEFAULT_TORCH_VERSION, "no torch here")
+    note = f"NCCL {nccl_value} ({nccl_from}), PyTorch {torch_value} ({torch_from})"
+    return nccl_value, torch_value, note
 
 
 def _links_from_coordinator(url: str, token_file: str | None, window_s: float) -> LinksSettings:
@@ -180,15 +247,30 @@ def _size(size: int) -> str:
     show_default=True,
     help="With --coordinator: the measurement window to use.",
 )
-@click.option("--nccl-version", default=DEFAULT_NCCL_VERSION, show_default=True)
-@click.option("--torch-version", default=DEFAULT_TORCH_VERSION, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="env", show_default=True)
+@click.option(
+    "--nccl-version",
+    help="NCCL version the job runs [default: the installed torch's NCCL, else "
+    f"{DEFAULT_NCCL_VERSION}].",
+)
+@click.option(
+    "--torch-version",
+    help="PyTorch version the job runs "
+    f"[default: the installed torch, else {DEFAULT_TORCH_VERSION}].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="env",
+    show_default=True,
+    help="env: plain KEY=VALUE; slurm: export lines; k8s: ConfigMaps; json: everything.",
+)
+@click.option("--node", help="Write only this node's values (common and its own): a plain file.")
 @click.option(
     "--per-node",
     type=click.Choice(["switch", "files"]),
-    default="switch",
-    show_default=True,
-    help="Per-node values (interfaces) as a hostname switch, or one env file per node.",
+    help="Where values differ per node (interfaces): a shell file with a hostname case "
+    "switch, or one env file per node (-o FILE gives FILE.<node>).",
 )
 @click.option("--explain", is_flag=True, help="Print the predicted all-reduce times.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here, not stdout.")
@@ -206,10 +288,11 @@ def nccl_env(
     coordinator: str | None,
     token_file: str | None,
     window_s: float,
-    nccl_version: str,
-    torch_version: str,
+    nccl_version: str | None,
+    torch_version: str | None,
     fmt: str,
-    per_node: str,
+    node: str | None,
+    per_node: str | None,
     explain: bool,
     output: str | None,
     params: int | None,
@@ -220,6 +303,11 @@ def nccl_env(
     """Write NCCL/Gloo environment variables for --nodes, each preceded by its reason."""
     if (links_file is None) == (coordinator is None):
         raise UsageError("give exactly one of --links FILE and --coordinator URL")
+    if node is not None and per_node is not None:
+        raise UsageError("--node writes one node's file: it cannot be combined with --per-node")
+    if node is not None and fmt not in ("env", "slurm"):
+        raise UsageError(f"--node writes an env or slurm file, not --format {fmt}")
+    nccl_version, torch_version, versions_note = _versions(nccl_version, torch_version)
     version = parse_version(nccl_version)
     torch = parse_version(torch_version, "PyTorch version")
     if per_node == "files" and fmt != "env":
@@ -252,6 +340,8 @@ def nccl_env(
         coordinator=coordinator,
         token_file=token_file,
         window_s=window_s,
+        node=node,
+        versions_note=versions_note,
     )
     result = run_nccl_env(request)
     if explain:

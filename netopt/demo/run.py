@@ -292,7 +292,17 @@ def _nccl_env(
     links_file.write_text(yaml.safe_dump(document, sort_keys=False))
     env_file = options.report_dir / "nccl.env"
     nodes = ",".join(site.nodes)
-    base = ["nccl-env", "--nodes", nodes, "--links", str(links_file), "--nccl-version", "2.26.2"]
+    base = [
+        "nccl-env",
+        "--nodes",
+        nodes,
+        "--links",
+        str(links_file),
+        "--nccl-version",
+        "2.26.2",
+        "--per-node",
+        "switch",
+    ]
     proc = site.exec(site.nodes[0], _netopt(*base, "-o", str(env_file)), check=False)
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout).strip()

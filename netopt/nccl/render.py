@@ -1,9 +1,11 @@
 """Write ``NcclSettings`` as text: env, json, slurm, k8s, and the tuner-plugin CSV.
 
-Pure functions from settings to strings; the CLI writes the files. Values that
-differ per node (interface names) go either into a hostname switch inside one
-file (``per_node="switch"``) or into one self-contained file per node
-(:func:`render_per_node_files`).
+Pure functions from settings to strings; the CLI writes the files. The env format
+is a plain ``KEY=VALUE`` file (comments on their own lines), usable as
+``docker --env-file``, systemd ``EnvironmentFile=`` and ``/etc/nccl.conf``. Values that
+differ per node (interface names) go into one node's file (:func:`render_node`), one
+self-contained file per node (:func:`render_per_node_files`), or, asked for
+explicitly, a hostname ``case`` switch inside one shell file (``switch=True``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from netopt.nccl.model import EnvValue, NcclSettings
 __all__ = [
     "FORMATS",
     "Format",
+    "differing_keys",
     "render",
+    "render_node",
     "render_per_node_files",
     "render_tuner_csv",
     "settings_as_data",
@@ -82,8 +86,19 @@ def _switch(settings: NcclSettings, prefix: str, host_expr: str) -> list[str]:
     return lines
 
 
-def render(settings: NcclSettings, fmt: Format) -> str:
-    """All nodes in one text. env and slurm switch on the host name for per-node values."""
+def differing_keys(settings: NcclSettings) -> tuple[str, ...]:
+    """Keys whose value is not the same on every node (what one plain file cannot hold)."""
+    keys = sorted({item.key for values in settings.per_node.values() for item in values})
+    return tuple(keys)
+
+
+def render(settings: NcclSettings, fmt: Format, *, switch: bool = False) -> str:
+    """All nodes in one text.
+
+    env and slurm hold per-node values only with ``switch`` (a shell ``case`` on the host
+    name: then the file must be sourced by a shell); without it, a plain file of the
+    common values, and the caller makes sure no value differs per node.
+    """
     if fmt == "json":
         return json.dumps(settings_as_data(settings), indent=2) + "\n"
     if fmt == "k8s":
@@ -91,12 +106,35 @@ def render(settings: NcclSettings, fmt: Format) -> str:
     if fmt == "slurm":
         lines = ["#!/bin/bash", *_header(settings), "# source from the batch script or a prolog"]
         lines += _assignments(settings.common, prefix="export ")
-        lines += _switch(settings, "export ", "${SLURMD_NODENAME:-$(hostname -s)}")
+        if switch:
+            lines += _switch(settings, "export ", "${SLURMD_NODENAME:-$(hostname -s)}")
         return "\n".join(lines) + "\n"
-    lines = [*_header(settings), "# use: set -a; . ./this-file; set +a   (or as /etc/nccl.conf)"]
+    if switch:
+        use = "# use: set -a; . ./this-file; set +a   (a shell file: it switches on the host name)"
+    else:
+        use = "# use: docker --env-file, systemd EnvironmentFile=, /etc/nccl.conf, set -a; . FILE"
+    lines = [*_header(settings), use]
     lines += _assignments(settings.common)
-    lines += _switch(settings, "", "$(hostname -s)")
+    if switch:
+        lines += _switch(settings, "", "$(hostname -s)")
     return "\n".join(lines) + "\n"
+
+
+def render_node(settings: NcclSettings, node: str, fmt: Format) -> str:
+    """One node's values (common, then its own) as a plain env file or Slurm ``export`` lines.
+
+    The slurm form is what a Slurm TaskProlog prints: ``export NAME=value`` lines (Slurm
+    takes the value literally) and ``#`` comments, which it ignores.
+    """
+    own = settings.per_node.get(node, ())
+    if fmt == "slurm":
+        lines = _header(settings, node)
+        lines += _assignments(settings.common, prefix="export ")
+        lines += _assignments(own, prefix="export ")
+        return "\n".join(lines) + "\n"
+    if fmt != "env":
+        raise ValueError(f"one node's file is env or slurm, not {fmt}")
+    return render_per_node_files(settings)[node]
 
 
 def render_per_node_files(settings: NcclSettings) -> dict[str, str]:

@@ -47,7 +47,7 @@ def test_example_links_file_loads_and_is_detected(capsys) -> None:
 
 def test_env_output_puts_a_reason_above_every_value(capsys) -> None:
     code, out, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE),
-                       "--nccl-version", "2.26.2")  # fmt: skip
+                       "--nccl-version", "2.26.2", "--per-node", "switch")  # fmt: skip
     assert code == 0
     lines = out.splitlines()
     assignments = [i for i, line in enumerate(lines) if re.match(r"^\s*[A-Z][A-Z0-9_]+=", line)]
@@ -71,7 +71,7 @@ def test_env_switch_runs_in_a_real_shell(capsys, tmp_path) -> None:
 
     target = tmp_path / "nccl.env"
     code, _, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE), "-o",
-                     str(target))  # fmt: skip
+                     str(target), "--per-node", "switch")  # fmt: skip
     assert code == 0
     script = (
         f'hostname() {{ echo us-2; }}; set -a; . "{target}"; set +a; '
@@ -112,7 +112,7 @@ def test_json_format_and_explain(capsys) -> None:
 
 def test_slurm_and_k8s_formats(capsys) -> None:
     code, out, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE),
-                       "--format", "slurm")  # fmt: skip
+                       "--format", "slurm", "--per-node", "switch")  # fmt: skip
     assert code == 0
     assert out.startswith("#!/bin/bash")
     assert "export NCCL_IB_DISABLE=1" in out
@@ -131,7 +131,8 @@ def test_slurm_and_k8s_formats(capsys) -> None:
 def test_tuner_csv_matches_the_example_plugin_format(capsys, tmp_path) -> None:
     csv = tmp_path / "tuner.conf"
     code, out, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE),
-                       "--nccl-version", "2.26.2", "--tuner-csv", str(csv))  # fmt: skip
+                       "--nccl-version", "2.26.2", "--tuner-csv", str(csv),
+                       "--node", "hk-1")  # fmt: skip
     assert code == 0
     assert f"NCCL_TUNER_CONFIG_FILE={csv.resolve()}" in out
     rows = [line for line in csv.read_text().splitlines() if line and not line.startswith("#")]
@@ -159,6 +160,10 @@ def test_tuner_csv_matches_the_example_plugin_format(capsys, tmp_path) -> None:
         (["--nodes", NODES, "--nccl-version", "latest"], "MAJOR"),
         (["--nodes", NODES, "--nccl-version", "2.3.7"], "older"),
         (["--nodes", NODES, "--bucket-mib", "0"], "positive"),
+        (["--nodes", NODES], "GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME differ"),
+        (["--nodes", NODES, "--node", "eu-1"], "not one of --nodes"),
+        (["--nodes", NODES, "--node", "hk-1", "--per-node", "switch"], "cannot be combined"),
+        (["--nodes", NODES, "--node", "hk-1", "--format", "k8s"], "env or slurm"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(capsys, args, message) -> None:
@@ -199,3 +204,101 @@ def test_links_file_errors_name_the_key(tmp_path, mutate, key) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(path, "links")
     assert info.value.key_path == key
+
+
+PLAIN_LINE = re.compile(r"^[A-Z_][A-Z0-9_]*=[^'\"\s]*$")
+
+
+def test_default_env_output_is_a_plain_key_value_file(capsys, tmp_path) -> None:
+    """Without --per-node switch: KEY=VALUE and comment lines only (docker --env-file,
+    systemd EnvironmentFile=, /etc/nccl.conf), the same values a shell reads from it."""
+    code, out, _ = run(capsys, "nccl-env", "--nodes", "hk-1,hk-2", "--links", str(EXAMPLE),
+                       "--nccl-version", "2.26.2")  # fmt: skip
+    assert code == 0
+    body = [line for line in out.splitlines() if line and not line.startswith("#")]
+    assert len(body) >= 8
+    for line in body:
+        assert PLAIN_LINE.match(line), line
+    assert "case " not in out
+    assert "# versions: NCCL 2.26.2 (given)" in out
+    if shutil.which("bash") is not None:
+        import subprocess
+
+        path = tmp_path / "nccl.env"
+        path.write_text(out)
+        shell = subprocess.run(
+            ["bash", "-c", f'set -a; . "{path}"; env'], capture_output=True, text=True, check=True
+        )
+        seen = dict(line.split("=", 1) for line in shell.stdout.splitlines() if "=" in line)
+        for key, value in (line.split("=", 1) for line in body):
+            assert seen[key] == value
+
+
+def test_one_nodes_file_holds_its_own_interfaces(capsys) -> None:
+    code, out, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE),
+                       "--node", "us-2")  # fmt: skip
+    assert code == 0
+    values = dict(env_lines(out))
+    assert values["NCCL_SOCKET_IFNAME"] == "=ens5"
+    assert values["GLOO_SOCKET_IFNAME"] == "ens5"
+    assert "NCCL_IB_DISABLE" in values  # and the common values
+    for line in out.splitlines():
+        assert not line or line.startswith("#") or PLAIN_LINE.match(line), line
+
+
+def test_slurm_node_output_is_what_a_task_prolog_prints(capsys) -> None:
+    """Slurm reads a TaskProlog's stdout: 'export NAME=value' (value taken literally);
+    comments are ignored. Nothing else may appear."""
+    code, out, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE),
+                       "--node", "hk-1", "--format", "slurm")  # fmt: skip
+    assert code == 0
+    exports = []
+    for line in out.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.match(r"^export ([A-Z_][A-Z0-9_]*)=([^'\"\s]*)$", line)
+        assert match, line
+        exports.append(match[1])
+    assert "NCCL_SOCKET_IFNAME" in exports
+    assert len(exports) == len(set(exports))
+
+
+TASK_PROLOG = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "task-prolog.sh"
+
+
+def _task_prolog(tmp_path: Path, **env: str) -> str:
+    import subprocess
+    import sys
+
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    netopt = tmp_path / "netopt"
+    netopt.write_text(f'#!/bin/sh\nexec {sys.executable} -m netopt "$@"\n')
+    netopt.chmod(0o755)
+    full = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "NETOPT": str(netopt),
+            "SLURM_JOB_ID": "4242", **env}  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(TASK_PROLOG)], env=full, capture_output=True, text=True, check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_task_prolog_prints_only_exports_for_its_node(tmp_path) -> None:
+    out = _task_prolog(tmp_path, NETOPT_LINKS=str(EXAMPLE), SLURM_JOB_NODELIST=NODES,
+                       SLURMD_NODENAME="us-1")  # fmt: skip
+    lines = [line for line in out.splitlines() if line and not line.startswith("#")]
+    assert lines
+    assert all(re.match(r"^export [A-Z_][A-Z0-9_]*=\S*$", line) for line in lines)
+    assert "export GLOO_SOCKET_IFNAME=ens5" in lines
+    assert (tmp_path / "netopt-nccl.4242.us-1").read_text() == out  # tuned once per job and node
+
+
+def test_task_prolog_never_fails_a_task(tmp_path) -> None:
+    out = _task_prolog(tmp_path, NETOPT_LINKS=str(EXAMPLE), SLURM_JOB_NODELIST="hk-1,zz-9",
+                       SLURMD_NODENAME="hk-1")  # fmt: skip
+    (line,) = out.splitlines()
+    assert line.startswith("print netopt task prolog: nccl-env failed")
+    assert "zz-9" in line
+    assert not list(tmp_path.glob("netopt-nccl.*"))

@@ -1,0 +1,279 @@
+"""The deployment artefacts in deploy/ and the Dockerfile: rendered, validated, linted.
+
+Kubernetes: ``kubectl kustomize`` renders the whole system and each region's overlay;
+every object passes the Kubernetes schema (kubernetes-validate, strict: unknown fields
+fail) and the configs inside the ConfigMaps pass ``netopt config check``. systemd:
+``systemd-analyze verify`` with no warning, and ``systemd-analyze security`` exposure.
+The container image is built and run where a builder can run (podman or buildah, which
+need a registry to pull the base image from), else skipped with that reason; its
+Dockerfile's shape is checked everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+NETOPT = [sys.executable, "-m", "netopt"]
+
+
+def _kustomize(path: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (scripts/setup.sh installs kubernetes-client)")
+    version = subprocess.run(
+        [kubectl, "version", "--client"], capture_output=True, text=True, check=False
+    ).stdout
+    match = re.search(r"Kustomize Version: v(\d+)", version)
+    if match is None or int(match[1]) < 4:
+        pytest.skip(f"kubectl's kustomize is older than v4 (labels/patches fields): {version!r}")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr  # no deprecated field left
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    import kubernetes_validate
+
+    kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = workload["spec"]["template"]["spec"]
+    return list(spec["containers"]) + list(spec.get("initContainers", []))
+
+
+def test_whole_system_renders_and_passes_the_kubernetes_schema() -> None:
+    docs = _kustomize(DEPLOY / "kubernetes")
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        ["Namespace", "ConfigMap", "ConfigMap", "ConfigMap", "Service", "StatefulSet",
+         "DaemonSet", "DaemonSet"]
+    )  # fmt: skip
+    for doc in docs:
+        _validate(doc)
+    # The validator is strict: a misspelt field fails (so passing means something).
+    broken = copy.deepcopy(_by_kind(docs, "StatefulSet")[0])
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(Exception, match="readinesProbe"):
+        _validate(broken)
+    assert all(d["metadata"].get("namespace") == "netopt" for d in docs if d["kind"] != "Namespace")
+
+
+def test_coordinator_is_a_statefulset_with_a_volume_probes_and_the_token_secret() -> None:
+    docs = _kustomize(DEPLOY / "kubernetes")
+    (sts,) = _by_kind(docs, "StatefulSet")
+    (svc,) = _by_kind(docs, "Service")
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "state", "mountPath": "/var/lib/netopt"} in container["volumeMounts"]
+    assert claim["metadata"]["name"] == "state"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+    token = {e["name"]: e for e in container["env"]}["NETOPT_TOKEN"]
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "netopt-token", "key": "token"}
+    assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["port"] == 7460
+    assert sts["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_each_region_gets_its_agents_on_gpu_nodes_with_its_own_config(tmp_path: Path) -> None:
+    docs = _kustomize(DEPLOY / "kubernetes")
+    maps = {d["metadata"]["name"]: d for d in _by_kind(docs, "ConfigMap")}
+    for region in ("hk", "us"):
+        (ds,) = [d for d in _by_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith(region)]
+        spec = ds["spec"]["template"]["spec"]
+        assert spec["nodeSelector"] == {"topology.kubernetes.io/region": region}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+            "tolerations"
+        ]
+        assert spec["hostNetwork"] is True
+        agent = spec["containers"][0]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert agent[probe]["httpGet"] == {"path": "/healthz", "port": 7470}
+        assert agent["resources"]["limits"]["memory"]
+        assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+        # The DaemonSet mounts the generated ConfigMap of its region, and that config is valid.
+        (config_volume,) = [v for v in spec["volumes"] if v["name"] == "config"]
+        config_map = maps[config_volume["configMap"]["name"]]
+        path = tmp_path / f"agent-{region}.yaml"
+        path.write_text(config_map["data"]["agent.yaml"])
+        assert yaml.safe_load(path.read_text())["region"] == region
+        _config_check(path, "agent")
+    (coordinator_map,) = [m for name, m in maps.items() if name.startswith("netopt-coordinator")]
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(coordinator_map["data"]["coordinator.yaml"])
+    _config_check(path, "coordinator")
+    for workload in _by_kind(docs, "DaemonSet") + _by_kind(docs, "StatefulSet"):
+        for container in _containers(workload):
+            assert container["image"] == "registry.example.internal/netopt:0.1.0"
+
+
+def test_one_region_overlay_renders_alone() -> None:
+    docs = _kustomize(DEPLOY / "kubernetes" / "overlays" / "us")
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet"]
+    for doc in docs:
+        _validate(doc)
+
+
+def _config_check(path: Path, kind: str) -> None:
+    env = {"NETOPT_TOKEN": "k8s-test-token-0123456789", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [*NETOPT, "config", "check", "--kind", kind, str(path)],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+UNITS = ("netopt-coordinator.service", "netopt-agent.service")
+
+
+@pytest.fixture
+def units(tmp_path: Path) -> list[Path]:
+    """The units with ExecStart pointing at this checkout's netopt (verify checks the path)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    netopt = Path(sys.executable).parent / "netopt"
+    out = []
+    for name in UNITS:
+        text = (DEPLOY / "systemd" / name).read_text()
+        path = tmp_path / name
+        path.write_text(text.replace("/opt/netopt/bin/netopt", str(netopt)))
+        out.append(path)
+    return out
+
+
+def test_systemd_units_verify_without_a_warning(units: list[Path]) -> None:
+    done = subprocess.run(
+        ["systemd-analyze", "verify", *map(str, units)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "", done.stderr  # unknown keys are only warnings
+    for path in units:
+        text = path.read_text()
+        assert "User=netopt" in text
+        assert "LoadCredential=token:" in text
+        assert re.search(r"^Environment=NETOPT_\w+__TOKEN_FILE=%d/token$", text, re.M)
+        for key in ("ProtectKernelTunables", "ProtectKernelModules", "PrivateDevices",
+                    "RestrictAddressFamilies", "SystemCallFilter", "NoNewPrivileges"):  # fmt: skip
+            assert re.search(rf"^{key}=", text, re.M), key
+
+
+def test_systemd_units_expose_little(units: list[Path]) -> None:
+    for path in units:
+        done = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", str(path)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+        assert match, done.stdout[-500:] + done.stderr
+        assert float(match[1]) <= 2.0, f"{path.name}: exposure {match[1]}"
+
+
+def test_the_units_token_credential_reaches_the_config(tmp_path: Path) -> None:
+    """What the unit sets (token_file from $CREDENTIALS_DIRECTORY) is what netopt reads."""
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "token").write_text("credential-token-0123456789\n")
+    config = tmp_path / "coordinator.yaml"
+    config.write_text("kind: coordinator\nlisten: {host: 127.0.0.1, port: 7460}\n")
+    env = {"NETOPT_COORDINATOR__TOKEN_FILE": str(creds / "token"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [*NETOPT, "config", "show", "--kind", "coordinator", str(config)],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert str(creds / "token") in done.stdout
+    assert "credential-token" not in done.stdout  # never printed
+
+
+def test_logrotate_file_parses() -> None:
+    logrotate = shutil.which("logrotate") or "/usr/sbin/logrotate"
+    if not Path(logrotate).exists():
+        pytest.skip("logrotate is not installed")
+    done = subprocess.run(
+        [logrotate, "--debug", str(DEPLOY / "logrotate" / "netopt")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "error" not in done.stderr.lower(), done.stderr
+
+
+def test_dockerfile_is_multi_stage_non_root_without_a_compiler_in_the_final_stage() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert len(stages) == 2
+    final = stages[-1]
+    assert re.search(r"^USER 10001", final, re.M)
+    assert "iperf3" in final
+    assert not re.search(r"build-essential|gcc|g\+\+|clang", final)
+    assert "--no-cache-dir" in final
+    assert re.search(r'^ENTRYPOINT \["netopt"\]', final, re.M)
+    # Whatever the stages COPY from the context is let through by .dockerignore.
+    ignore = (REPO / ".dockerignore").read_text().split()
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
+        for name in source.split():
+            assert f"!{name}" in ignore or f"!{name}/" in ignore, name
+            assert (REPO / name).exists(), name
+
+
+def test_container_image_builds_and_runs(tmp_path: Path) -> None:
+    builder = shutil.which("podman") or shutil.which("buildah")
+    if builder is None:
+        pytest.skip("no container builder (podman or buildah) is installed")
+    probe = subprocess.run(
+        [builder, "pull", "python:3.11-slim-bookworm"], capture_output=True, text=True,
+        check=False, timeout=120,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"{builder} cannot pull the base image here: {probe.stderr.strip()[-200:]}")
+    tag = "localhost/netopt-test:ci"
+    build = [builder, "build", "-t", tag, str(REPO)]
+    if builder.endswith("buildah"):
+        build = [builder, "bud", "-t", tag, str(REPO)]
+    done = subprocess.run(build, capture_output=True, text=True, check=False, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    try:
+        if not builder.endswith("podman"):
+            pytest.skip("buildah builds but cannot run the image; podman can")
+        version = subprocess.run(
+            [builder, "run", "--rm", tag, "--version"], capture_output=True, text=True,
+            check=False, timeout=120,
+        )  # fmt: skip
+        assert version.returncode == 0, version.stderr
+        assert "0." in version.stdout
+        config = tmp_path / "agent.yaml"
+        config.write_text((REPO / "configs" / "agent.yaml").read_text())
+        check = subprocess.run(
+            [builder, "run", "--rm", "-e", "NETOPT_TOKEN=image-test-token-0123456789",
+             "-v", f"{config}:/etc/netopt/agent.yaml:ro", tag,
+             "config", "check", "--kind", "agent", "/etc/netopt/agent.yaml"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr
+        user = subprocess.run(
+            [builder, "run", "--rm", "--entrypoint", "id", tag, "-u"],
+            capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert user.stdout.strip() == "10001"
+    finally:
+        subprocess.run([builder, "rmi", "-f", tag], capture_output=True, check=False)
