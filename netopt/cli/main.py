@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from netopt import __version__
 from netopt.cli.output import err_console, print_json
@@ -131,4 +132,5 @@ def _report(exc: NetoptError, argv: list[str] | None) -> None:
     if "--json" in args:
         print_json(exc.to_dict())
     else:
-        err_console.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+        # The message is text, not markup: "pip install 'netopt[demo]'" must keep its [demo].
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
