@@ -14,7 +14,7 @@ APT_PACKAGES=(iperf3 iproute2 nftables ethtool iputils-ping procps psmisc curl r
 if [ $dev = 1 ]; then
   # tests/service/test_deploy.py: lint and render deploy/ (systemd-analyze, logrotate, kubectl
   # kustomize) and build the image where a registry can be reached (podman).
-  APT_PACKAGES+=(systemd logrotate podman)
+  APT_PACKAGES+=(systemd logrotate podman prometheus)  # prometheus: promtool
   command -v kubectl >/dev/null || APT_PACKAGES+=(kubernetes-client)
 fi
 missing=()

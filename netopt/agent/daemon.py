@@ -276,9 +276,10 @@ class Agent:
         """One measured window of ``peer``: report it and update the metrics."""
         self.reporter.add(probe_summary(self.settings.node, peer.node, stats, self.wall_clock()))
         if stats.rtt_ms is not None:
-            self.metrics.rtt_p50_ms.labels(peer.node).set(stats.rtt_ms.p50)
+            self.metrics.rtt_p50_seconds.labels(peer.node).set(stats.rtt_ms.p50 / 1000.0)
             self._last_stats[peer.node] = (stats.rtt_ms.p50, stats.loss_ratio)
         self.metrics.loss_ratio.labels(peer.node).set(stats.loss_ratio)
+        self.metrics.loss_ratio_upper.labels(peer.node).set(stats.loss_ratio_ci95[1])
 
     def _record_unreachable(self, peer: PlannedPeer, reason: str) -> None:
         """A window in which ``peer`` answered nothing: reported as a full-loss window."""
@@ -295,6 +296,7 @@ class Agent:
             )
         )
         self.metrics.loss_ratio.labels(peer.node).set(1.0)
+        self.metrics.loss_ratio_upper.labels(peer.node).set(1.0)
 
     async def _bandwidth_loop(self) -> None:
         while True:
@@ -340,7 +342,7 @@ class Agent:
             return None
         summary = bandwidth_summary(self.settings.node, peer.node, single, multi, self.wall_clock())
         self.reporter.add(summary)
-        self.metrics.goodput_bps.labels(peer.node).set(summary.aggregate_bps or 0.0)
+        self.metrics.goodput_bits_per_second.labels(peer.node).set(summary.aggregate_bps or 0.0)
         return summary
 
     # ---------------------------------------------------------------- reporting

@@ -40,7 +40,7 @@ async def metrics(request: web.Request) -> web.Response:
     agent = request.app[AGENT]
     if agent.probe_server is not None:
         for outcome, count in agent.probe_server.reflector.counters.to_dict().items():
-            agent.metrics.reflected.labels(outcome).set(count)
+            agent.metrics.reflected.set(count, outcome)
     body = generate_latest(agent.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -1,12 +1,41 @@
-"""The agent's Prometheus metrics (a registry per agent, never the global one)."""
+"""The agent's Prometheus metrics (a registry per agent, never the global one).
+
+Prometheus conventions: base units in the names (seconds, bytes, bits per second, ratios),
+cumulative counts are counters with ``_total``, checked by ``promtool check metrics`` in
+tests/service/test_metrics_conventions.py.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
-__all__ = ["AgentMetrics"]
+__all__ = ["AgentMetrics", "TotalsCounter"]
+
+
+class TotalsCounter(Collector):
+    """A counter whose totals are kept elsewhere (the reflector's, the spool's): ``set``
+    copies the current total of a label value; it is exported as a counter."""
+
+    def __init__(self, name: str, documentation: str, label: str | None = None) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._label = label
+        self._totals: dict[str, float] = {}
+
+    def set(self, total: float, label_value: str = "") -> None:
+        self._totals[label_value] = max(float(total), self._totals.get(label_value, 0.0))
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        labels = [self._label] if self._label else None
+        family = CounterMetricFamily(self._name, self._documentation, labels=labels)
+        for value, total in sorted(self._totals.items()):
+            family.add_metric([value] if self._label else [], total)
+        yield family
 
 
 @dataclass
@@ -32,27 +61,33 @@ class AgentMetrics:
         self.spool_bytes = Gauge(
             "netopt_agent_spool_bytes", "Bytes waiting in the spool", registry=r
         )
-        self.spool_dropped = Gauge(
-            "netopt_agent_spool_dropped_batches", "Batches dropped from a full spool", registry=r
+        self.spool_dropped = TotalsCounter(
+            "netopt_agent_spool_dropped_batches", "Batches dropped from a full spool"
         )
+        r.register(self.spool_dropped)
         self.peers = Gauge(
             "netopt_agent_probe_peers", "Peers in the current probe plan", registry=r
         )
-        self.rtt_p50_ms = Gauge(
-            "netopt_agent_rtt_p50_ms", "Median RTT of the last window", ["peer"], registry=r
+        self.rtt_p50_seconds = Gauge(
+            "netopt_agent_rtt_p50_seconds", "Median RTT of the last window", ["peer"], registry=r
         )
         self.loss_ratio = Gauge(
             "netopt_agent_loss_ratio", "Loss ratio of the last window", ["peer"], registry=r
         )
-        self.goodput_bps = Gauge(
-            "netopt_agent_goodput_bps",
+        self.loss_ratio_upper = Gauge(
+            "netopt_agent_loss_ratio_upper",
+            "Upper end of the last window's loss ratio, 95% Wilson interval (0 lost of "
+            "100 probes: 0.037)",
+            ["peer"],
+            registry=r,
+        )
+        self.goodput_bits_per_second = Gauge(
+            "netopt_agent_goodput_bits_per_second",
             "Multi-stream goodput of the last test",
             ["peer"],
             registry=r,
         )
-        self.reflected = Gauge(
-            "netopt_agent_reflector_packets",
-            "Reflector packets by outcome",
-            ["outcome"],
-            registry=r,
+        self.reflected = TotalsCounter(
+            "netopt_agent_reflector_packets", "Reflector packets by outcome", "outcome"
         )
+        r.register(self.reflected)

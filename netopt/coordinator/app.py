@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from netopt.config import CoordinatorSettings, resolve_token
-from netopt.coordinator import dashboard
+from netopt.coordinator import dashboard, linkmetrics
 from netopt.coordinator.auth import token_middleware
 from netopt.coordinator.catalogue import Catalogue
 from netopt.coordinator.catalogue_api import CATALOGUE, CATALOGUE_ROUTES, ChunkCatalogue
@@ -259,7 +259,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    body = request.app[METRICS].render()
+    matrix = await request.app[COORDINATOR].links(linkmetrics.WINDOW_S)
+    body = request.app[METRICS].render(linkmetrics.link_families(matrix["links"]))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

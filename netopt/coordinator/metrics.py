@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE", "CoordinatorMetrics"]
@@ -59,6 +60,20 @@ class CoordinatorMetrics:
         )
         self.registry.register(_NodeStates(node_counts))
 
-    def render(self) -> bytes:
-        """The registry in Prometheus text format."""
-        return generate_latest(self.registry)
+    def render(self, extra: Sequence[Metric] = ()) -> bytes:
+        """The registry in Prometheus text format, then the ``extra`` families (the link
+        matrix, computed per scrape)."""
+        body = generate_latest(self.registry)
+        if not extra:
+            return body
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(extra))
+        return body + generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
