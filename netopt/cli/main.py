@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 import click
 from rich.markup import escape
@@ -21,6 +21,7 @@ from rich.markup import escape
 from netopt import __version__
 from netopt.cli.output import err_console, print_json
 from netopt.errors import EXIT_FAILURE, EXIT_USAGE, NetoptError
+from netopt.logfmt import LOG_FORMATS, LogFormat, formatter
 
 __all__ = ["cli", "main", "run"]
 
@@ -73,13 +74,19 @@ class LazyGroup(click.Group):
     envvar="NETOPT_LOG_LEVEL",
     help="Logging verbosity (also NETOPT_LOG_LEVEL).",
 )
-def cli(log_level: str) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="NETOPT_LOG_FORMAT",
+    help="Log lines as text, or one JSON object per line (also NETOPT_LOG_FORMAT).",
+)
+def cli(log_level: str, log_format: str) -> None:
     """netopt: measure cross-region links, tune NCCL, move datasets once per region."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(cast(LogFormat, log_format)))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
 
 
 def main(argv: list[str] | None = None) -> int:

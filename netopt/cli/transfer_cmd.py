@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import secrets
 import signal
@@ -79,11 +80,13 @@ async def run_serve(
     app = create_app(settings, {name: live}, cpu)
     runner, bound = await start_server(app, host, port)
     shown = f"[{host}]" if ":" in host else host
-    console.print(
+    serving = (
         f"serving netopt://{shown}:{bound}/{name} ({len(dataset.manifest.files)} files, "
         f"{dataset.manifest.total_bytes} bytes, {len(dataset.index)} chunks; "
         f"changes noticed by {live.watching})"
     )
+    console.print(serving)
+    logging.getLogger("netopt.serve").info("%s", serving)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
