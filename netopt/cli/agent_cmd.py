@@ -13,13 +13,16 @@ __all__ = ["agent_command"]
 @click.option(
     "--config",
     "config_file",
-    required=True,
     type=click.Path(dir_okay=False),
-    help="Agent YAML file (see configs/agent.yaml).",
+    help="Agent YAML file (see configs/agent.yaml) [default: /etc/netopt/agent.yaml, "
+    "else $XDG_CONFIG_HOME/netopt/agent.yaml].",
 )
-def agent_command(config_file: str) -> int:
+def agent_command(config_file: str | None) -> int:
     """Run the agent until SIGTERM or SIGINT: answer probes, measure peers, report."""
     from netopt.agent.daemon import run_agent
+    from netopt.config.discovery import find_config
+
+    config_file = find_config("agent", config_file)
 
     settings = load_settings(config_file, "agent")
     token = resolve_token(settings.token, settings.token_file, config_file)

@@ -19,13 +19,16 @@ __all__ = ["coordinator_command", "fetch_status", "status_command"]
 @click.option(
     "--config",
     "config_file",
-    required=True,
     type=click.Path(dir_okay=False),
-    help="Coordinator YAML file (see configs/coordinator.yaml).",
+    help="Coordinator YAML file (see configs/coordinator.yaml) [default: "
+    "/etc/netopt/coordinator.yaml, else $XDG_CONFIG_HOME/netopt/coordinator.yaml].",
 )
-def coordinator_command(config_file: str) -> int:
+def coordinator_command(config_file: str | None) -> int:
     """Run the coordinator until SIGTERM or SIGINT (then shut down cleanly)."""
+    from netopt.config.discovery import find_config
     from netopt.coordinator.server import run_coordinator
+
+    config_file = find_config("coordinator", config_file)
 
     settings = load_settings(config_file, "coordinator")
     return run_coordinator(settings)

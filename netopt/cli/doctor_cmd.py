@@ -153,7 +153,11 @@ def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[
 @click.option("--node", help="This node's name (default: the host name).")
 @click.option("--peers", help="Comma-separated peers (host or address) to check from here.")
 @click.option("--links", "links_file", type=click.Path(dir_okay=False), help="Links file.")
-@click.option("--coordinator", help="Coordinator URL: links and peers from its registry.")
+@click.option(
+    "--coordinator",
+    help="Coordinator URL: links and peers from its registry (else NETOPT_COORDINATOR, "
+    "unless --links).",
+)
 @click.option("--nodes", help="With --coordinator: only these nodes (comma-separated).")
 @click.option(
     "--via-agents",
@@ -191,6 +195,10 @@ def doctor_command(
     as_json: bool,
 ) -> int:
     """Diagnose this node and its links; print findings ranked by expected impact."""
+    from netopt.config.discovery import coordinator_url
+
+    if links_file is None:
+        coordinator = coordinator_url(coordinator)
     if listen:
         if not bind:
             raise UsageError("--listen needs --bind ADDR: the address peers connect to")

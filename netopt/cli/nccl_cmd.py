@@ -237,7 +237,8 @@ def _size(size: int) -> str:
 )
 @click.option(
     "--coordinator",
-    help="Take nodes, NICs and link figures from this coordinator (instead of --links).",
+    help="Take nodes, NICs and link figures from this coordinator (instead of --links; "
+    "else NETOPT_COORDINATOR).",
 )
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Coordinator token file.")
 @click.option(
@@ -301,6 +302,10 @@ def nccl_env(
     tuner_csv: str | None,
 ) -> int:
     """Write NCCL/Gloo environment variables for --nodes, each preceded by its reason."""
+    from netopt.config.discovery import coordinator_url
+
+    if links_file is None:
+        coordinator = coordinator_url(coordinator)
     if (links_file is None) == (coordinator is None):
         raise UsageError("give exactly one of --links FILE and --coordinator URL")
     if node is not None and per_node is not None:

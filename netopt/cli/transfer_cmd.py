@@ -594,7 +594,11 @@ def _coordinator_link(
 @click.command("plan")
 @click.option("--rate-mbps", type=click.FloatRange(min=0.001), default=None)
 @click.option("--rtt-ms", type=click.FloatRange(min=0.001), default=None)
-@click.option("--coordinator", default=None, help="Take the link figures from this coordinator.")
+@click.option(
+    "--coordinator",
+    default=None,
+    help="Take the link figures from this coordinator (else NETOPT_COORDINATOR, with --to).",
+)
 @click.option("--to", "to_node", default=None, help="With --coordinator: the receiving node.")
 @click.option(
     "--from",
@@ -675,7 +679,11 @@ def plan_command(
     URL --to NODE [--from NODE | --config AGENT_CONFIG] takes the pair's figures from
     the coordinator (exit 2 naming the pair when it has none).
     """
+    from netopt.config.discovery import coordinator_url
+
     link: LinkProfile | None = None
+    if to_node is not None:
+        coordinator = coordinator_url(coordinator)
     if coordinator is not None or to_node is not None:
         if coordinator is None or to_node is None:
             raise ValidationError("--coordinator URL and --to NODE go together")

@@ -271,15 +271,28 @@ def cli_token(token_file: str | None, *, required: bool = True) -> str | None:
     return None
 
 
-def settings_to_dict(settings: Any) -> Any:
-    """Settings as plain JSON-able data (mappings, lists, scalars)."""
+SECRET_KEYS = frozenset({"token", "password", "secret", "secret_access_key"})
+"""Settings fields whose values are secrets: ``settings_to_dict`` shows them as hidden."""
+HIDDEN = "(hidden)"
+
+
+def settings_to_dict(settings: Any, *, redact: bool = True) -> Any:
+    """Settings as plain JSON-able data (mappings, lists, scalars).
+
+    With ``redact`` (the default), a secret field that is set reads ``"(hidden)"``: what
+    this returns is for printing, and no secret is ever printed.
+    """
     if hasattr(settings, "__dataclass_fields__"):
-        return {
-            name: settings_to_dict(getattr(settings, name))
-            for name in settings.__dataclass_fields__
-        }
+        out = {}
+        for name in settings.__dataclass_fields__:
+            value = getattr(settings, name)
+            if redact and name in SECRET_KEYS and value is not None:
+                out[name] = HIDDEN
+            else:
+                out[name] = settings_to_dict(value, redact=redact)
+        return out
     if isinstance(settings, Mapping):
-        return {str(k): settings_to_dict(v) for k, v in settings.items()}
+        return {str(k): settings_to_dict(v, redact=redact) for k, v in settings.items()}
     if isinstance(settings, tuple | list):
-        return [settings_to_dict(v) for v in settings]
+        return [settings_to_dict(v, redact=redact) for v in settings]
     return settings
