@@ -72,6 +72,8 @@ class SourceOptions:
     name: str | None = None
     avg_chunk_bytes: int = 1024 * 1024
     streams: int | None = None
+    max_streams: int = 64
+    """The most connections a plan may choose (an agent config's cache.max_parallel_streams)."""
     zstd_level: int | None = None
     link_rate_bps: float | None = None
     link_loss_ratio: float | None = None
@@ -192,7 +194,7 @@ async def _open_served(
         measured=measured,
         rate_limit_bps=opts.client.rate_limit_bps,
     )
-    plan = plan_for(info, None, cpu, figures=figures)
+    plan = plan_for(info, None, cpu, figures=figures, max_streams=opts.max_streams)
     streams = opts.streams or plan.streams
     source.zstd_level = plan.zstd_level if opts.zstd_level is None else (opts.zstd_level or None)
     if opts.zstd_level is None:

@@ -17,7 +17,7 @@ import click
 
 from netopt.cli.output import console, err_console, print_json
 from netopt.config import cli_token, load_settings, resolve_token
-from netopt.errors import NetoptError, StorageError, ValidationError
+from netopt.errors import NetoptError, StorageError, UsageError, ValidationError
 
 if TYPE_CHECKING:
     # The rest is imported where used. ``netopt sync`` starts its first requests (see
@@ -69,7 +69,8 @@ async def run_serve(
     live = await asyncio.to_thread(LiveDataset.load, directory, name, avg_chunk_bytes)
     store: FrameStore | None = None
     if precompress_level is not None:
-        base = Path(frames_dir or Path.home() / ".cache" / "netopt" / "frames")
+        xdg_cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = Path(frames_dir or Path(xdg_cache) / "netopt" / "frames")
         where = frames_dir_for(base, name, live.manifest.manifest_id, precompress_level)
         store = FrameStore(where, precompress_level, len(live.index))
         live.with_frames(store)
@@ -298,9 +299,9 @@ class _Bar:
 @click.option(
     "--cc",
     type=click.Choice(CC_CHOICES),
-    default="bbr",
-    show_default=True,
-    help="TCP congestion control of this client's sockets.",
+    default=None,
+    help="TCP congestion control of this client's sockets [default: --config's "
+    "cache.congestion_control, else bbr].",
 )
 @click.option(
     "--level",
@@ -376,7 +377,7 @@ def sync_command(
     name: str | None,
     streams: int | None,
     rate_limit_mbps: float | None,
-    cc: str,
+    cc: str | None,
     level: int | None,
     link_rate_mbps: float | None,
     link_loss: float | None,
@@ -407,7 +408,7 @@ def sync_command(
     if source.startswith("netopt://") and config_file is None and coordinator_url is None:
         from netopt.dataplane import prefetch
 
-        if prefetch.start(source, token, streams or prefetch.WARM_CONNECTIONS, _cc(cc)):
+        if prefetch.start(source, token, streams or prefetch.WARM_CONNECTIONS, _cc(cc or "bbr")):
             click.get_current_context().call_on_close(prefetch.discard)
 
     from netopt.cache.s3 import S3Options
@@ -418,6 +419,19 @@ def sync_command(
     from netopt.dataplane.synctypes import SyncOptions
 
     sharing = _sharing_options(share, config_file, coordinator_url, node, token)
+    max_streams = 64
+    if config_file is not None:
+        # The node's agent config sets this node's transfer defaults (options win).
+        cache = load_settings(config_file, "agent").cache
+        rate_limit_mbps = rate_limit_mbps or cache.rate_limit_mbps
+        max_streams = cache.max_parallel_streams
+        if streams is not None and streams > max_streams:
+            raise UsageError(
+                f"--streams {streams} is over {config_file}'s cache.max_parallel_streams "
+                f"({max_streams})"
+            )
+        cc = cc or cache.congestion_control
+    cc = cc or "bbr"
     client = ClientOptions(
         # The cluster's token opens peers' and netopt servers' data planes alike.
         token=token or (sharing.token if sharing is not None else None),
@@ -440,6 +454,7 @@ def sync_command(
             name=name,
             avg_chunk_bytes=chunk_size_bytes,
             streams=streams,
+            max_streams=max_streams,
             zstd_level=level,
             link_rate_bps=link_rate_mbps * 1e6 if link_rate_mbps else None,
             link_loss_ratio=link_loss,
