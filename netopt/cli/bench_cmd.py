@@ -109,12 +109,16 @@ def _print(report: BenchReport) -> None:
 @click.option("--nodes", default=None, help="Comma-separated nodes (lab or --links), rank order.")
 @click.option("--links", "links_file", type=click.Path(dir_okay=False), help="Links file for "
               "the prediction on loopback runs.")  # fmt: skip
-@click.option("--min-size", default="1KiB", show_default=True)
-@click.option("--max-size", default="256MiB", show_default=True)
+@click.option("--min-size", default="1KiB", show_default=True, help="Smallest message size.")
+@click.option("--max-size", default="256MiB", show_default=True, help="Largest message size.")
 @click.option("--factor", type=int, default=4, show_default=True, help="Size step factor.")
-@click.option("--iters", type=int, default=5, show_default=True)
-@click.option("--warmup", type=int, default=1, show_default=True)
-@click.option("--timeout-s", type=float, default=600.0, show_default=True)
+@click.option("--iters", type=int, default=5, show_default=True, help="Timed runs per size.")
+@click.option(
+    "--warmup", type=int, default=1, show_default=True, help="Untimed runs per size first."
+)
+@click.option(
+    "--timeout-s", type=float, default=600.0, show_default=True, help="Give up after this long."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def allreduce_command(
     ranks: int | None,

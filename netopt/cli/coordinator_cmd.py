@@ -52,7 +52,13 @@ async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
     help="Coordinator URL (also NETOPT_COORDINATOR).",
 )
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the token.")
-@click.option("--window-s", type=click.FloatRange(1), default=300.0, show_default=True)
+@click.option(
+    "--window-s",
+    type=click.FloatRange(1),
+    default=300.0,
+    show_default=True,
+    help="The measurement window the link figures cover.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def status_command(url: str, token_file: str | None, window_s: float, as_json: bool) -> int:
     """Show nodes (with liveness) and links (RTT, loss, bandwidth). Token: NETOPT_TOKEN."""

@@ -165,15 +165,40 @@ def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[
     help="With --coordinator: run the doctor on every node through its agent.",
 )
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Cluster token file.")
-@click.option("--dataset-dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
+@click.option(
+    "--dataset-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Measure the read speed of this dataset directory (64 MB, at most 2 s).",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=29500,
+    show_default=True,
+    help="The rendezvous port (MASTER_PORT) to check is free here and reachable at peers.",
+)
 @click.option("--no-mtu", is_flag=True, help="Skip the path MTU search.")
 @click.option("--apply", "do_apply", is_flag=True, help="Apply safe sysctl fixes (root).")
-@click.option("--undo-file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--undo", "undo", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--undo-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --apply: where to write the undo file (the values before the change).",
+)
+@click.option(
+    "--undo",
+    "undo",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Restore the settings an --apply changed, from its undo file.",
+)
 @click.option("--listen", is_flag=True, help="Serve the port-reachability listener.")
 @click.option("--bind", help="With --listen: the address peers connect to (0.0.0.0: all).")
-@click.option("--listen-s", type=click.FloatRange(0.1, 86400), default=300.0, show_default=True)
+@click.option(
+    "--listen-s",
+    type=click.FloatRange(0.1, 86400),
+    default=300.0,
+    show_default=True,
+    help="With --listen: how long to serve.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor_command(
     node: str | None,

@@ -191,7 +191,13 @@ async def _serve(token: str, host: str, port: int) -> dict[str, Any]:
     is_flag=True,
     help="Also run `iperf3 -J` against an `iperf3 -s` on the target.",
 )
-@click.option("--iperf3-port", type=click.IntRange(1, 65535), default=5201, show_default=True)
+@click.option(
+    "--iperf3-port",
+    type=click.IntRange(1, 65535),
+    default=5201,
+    show_default=True,
+    help="With --iperf3: the iperf3 server's port on the target.",
+)
 @_token_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def measure(

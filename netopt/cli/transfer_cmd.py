@@ -607,8 +607,18 @@ def _coordinator_link(
 
 
 @click.command("plan")
-@click.option("--rate-mbps", type=click.FloatRange(min=0.001), default=None)
-@click.option("--rtt-ms", type=click.FloatRange(min=0.001), default=None)
+@click.option(
+    "--rate-mbps",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help="The link's rate, Mbit/s (with --rtt-ms).",
+)
+@click.option(
+    "--rtt-ms",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help="The link's round-trip time, ms (with --rate-mbps).",
+)
 @click.option(
     "--coordinator",
     default=None,
@@ -668,8 +678,19 @@ def _coordinator_link(
     default=None,
     help="Transfer size (default: the sample's size).",
 )
-@click.option("--max-streams", type=click.IntRange(1, 64), default=64, show_default=True)
-@click.option("--codec-cache", type=click.Path(dir_okay=False), default=None)
+@click.option(
+    "--max-streams",
+    type=click.IntRange(1, 64),
+    default=64,
+    show_default=True,
+    help="The most parallel connections the plan may take.",
+)
+@click.option(
+    "--codec-cache",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Codec speed cache (default ~/.cache/netopt/codec.json).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(
     rate_mbps: float | None,

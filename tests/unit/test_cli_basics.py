@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,3 +156,50 @@ def test_quick_exit_flushes_output_runs_atexit_and_waits_for_threads(
     assert (tmp_path / "atexit").read_text() == "ran"
     if thread == "thread":
         assert (tmp_path / "thread").read_text() == "finished"
+
+
+def _all_commands() -> list[tuple[str, click.Command]]:
+    from netopt.cli.main import cli
+
+    out: list[tuple[str, click.Command]] = []
+
+    def walk(command: click.Command, path: str) -> None:
+        out.append((path, command))
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None, name
+                walk(sub, f"{path} {name}")
+
+    walk(cli, "netopt")
+    return out
+
+
+def test_every_command_and_option_has_help_text() -> None:
+    missing = []
+    commands = _all_commands()
+    assert len(commands) > 20
+    for path, command in commands:
+        if not (command.help or command.short_help):
+            missing.append(path)
+        for param in command.params:
+            builtin = {"--help", "--version"} & set(param.opts)
+            if isinstance(param, click.Option) and not (param.hidden or param.help or builtin):
+                missing.append(f"{path} {'/'.join(param.opts)}")
+    assert missing == []
+
+
+def test_shell_completion_works_as_documented() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "_NETOPT_COMPLETE": "bash_complete", "COMP_WORDS": "netopt sy",
+           "COMP_CWORD": "1"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "netopt"], env=env, capture_output=True, text=True, check=False
+    )
+    assert "plain,sync" in done.stdout.splitlines()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "_NETOPT_COMPLETE=bash_source netopt" in readme
