@@ -80,13 +80,24 @@ def status_command(url: str, token_file: str | None, window_s: float, as_json: b
         return 0
     print_table(
         f"links (last {window_s:g} s)",
-        ["src", "dst", "rtt p50 ms", "rtt p99 ms", "loss %", "single Mbit/s", "aggr Mbit/s", "n"],
+        [
+            "src",
+            "dst",
+            "rtt p50 ms",
+            "rtt p99 ms",
+            "loss (95% interval)",
+            "single Mbit/s",
+            "aggr Mbit/s",
+            "n",
+        ],
         [_link_row(link) for link in result["links"]],
     )
     return 0
 
 
 def _link_row(link: dict[str, Any]) -> list[Any]:
+    from netopt.measure.losstext import loss_text
+
     window = link["window"]
     rtt = window["rtt_p50_ms"] or {}
     bw = link["bandwidth"]
@@ -96,7 +107,7 @@ def _link_row(link: dict[str, Any]) -> list[Any]:
         link["dst"],
         rtt.get("p50"),
         rtt.get("p99"),
-        None if loss is None else round(100 * loss, 3),
+        loss_text(loss, window.get("probes_sent")),
         None if bw["single_stream_bps"] is None else bw["single_stream_bps"] / 1e6,
         None if bw["aggregate_bps"] is None else bw["aggregate_bps"] / 1e6,
         link["summary_count"],

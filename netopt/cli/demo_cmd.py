@@ -70,9 +70,11 @@ def _mbps(value: Any) -> float | None:
 
 
 def _print_report(report: dict[str, Any], report_dir: Path) -> None:
+    from netopt.measure.losstext import loss_text
+
     print_table(
         "link matrix (measured by the agents)",
-        ["src", "dst", "rtt p50 ms", "rtt p99 ms", "jitter ms", "loss %"],
+        ["src", "dst", "rtt p50 ms", "rtt p99 ms", "jitter ms", "loss (95% interval)"],
         [
             [
                 m["src"],
@@ -80,7 +82,7 @@ def _print_report(report: dict[str, Any], report_dir: Path) -> None:
                 m["rtt_p50_ms"],
                 m["rtt_p99_ms"],
                 m["jitter_ms"],
-                100 * (m["window"]["loss_ratio"] or 0.0),
+                loss_text(m["window"]["loss_ratio"], m["window"].get("probes_sent")),
             ]
             for m in report["matrix"]
         ],

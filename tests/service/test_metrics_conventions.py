@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -79,3 +80,11 @@ def test_agent_and_coordinator_metrics_pass_promtool(cluster: Cluster) -> None:
     for line in uppers:
         assert float(line.rsplit(" ", 1)[1]) > 0, line  # 0 lost still has an upper bound
     assert any(line.startswith("netopt_link_probes{") for line in lines)
+    # `netopt status` shows a loopback link's 0 loss with its bound, not a bare 0.
+    status = subprocess.run(
+        [sys.executable, "-m", "netopt", "status", "--coordinator", cluster.url],
+        env={**cluster.env, "COLUMNS": "200"}, capture_output=True, text=True, check=False,
+        timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert "0 (< " in status.stdout, status.stdout
