@@ -25,7 +25,6 @@ from typing import Any, cast
 
 import aiohttp
 
-from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
     Codec,
@@ -51,6 +50,7 @@ from netopt.errors import (
     ProtocolError,
     ValidationError,
 )
+from netopt.names import is_dataset_name
 from netopt.transfer.adapt import LevelAdapter
 from netopt.transfer.manifest import Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
@@ -120,7 +120,7 @@ def parse_dataset_url(url: str) -> DatasetUrl:
     port = int(port_text)
     if not 0 < port < 65536:
         raise ValidationError(f"{url!r}: port {port} is out of range")
-    if not DATASET_NAME_RE.match(name) or ".." in name:
+    if not is_dataset_name(name):
         raise ValidationError(f"{url!r}: dataset name {name!r} is not allowed")
     return DatasetUrl(host.strip("[]"), port, name)
 
