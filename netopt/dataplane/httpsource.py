@@ -39,7 +39,7 @@ from netopt.dataplane.limits import (
     check_manifest_bounds,
     check_manifest_shape,
 )
-from netopt.dataplane.sockets import set_congestion_control, set_user_timeout
+from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
 from netopt.dataplane.streaming import HttpChunkStream, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
@@ -225,7 +225,7 @@ class HttpChunkSource:
             return connected
         sock = socket.socket(family, type_, proto)
         if self.options.congestion_control is not None:
-            set_congestion_control(sock, self.options.congestion_control)
+            try_congestion_control(sock, self.options.congestion_control)
         set_user_timeout(sock, self.stall_timeout_s)
         return sock
 
