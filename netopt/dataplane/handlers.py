@@ -11,7 +11,6 @@ documents the routes and re-exports the public names here.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from netopt.names import is_dataset_name, is_hash_id
 from netopt.transfer.manifest import manifest_to_dict
 from netopt.transfer.planner import CpuProfile
 from netopt.transfer.profile import cpu_profile_to_dict
-from netopt.webshell import parse_json_document
+from netopt.webshell import bearer_refusal, parse_json_document
 
 __all__ = [
     "CPU",
@@ -70,7 +69,6 @@ _STREAM_LINE = (
 MAX_BATCH_CHUNKS = 1024
 _AHEAD = 3
 """Chunks of one batch being read and compressed ahead of the one being sent."""
-AUTH_HEADER = "Authorization"
 
 
 @dataclass(frozen=True)
@@ -109,11 +107,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     token = request.app[SETTINGS].token
     if token is None or not request.path.startswith("/v1/datasets"):
         return await handler(request)
-    given = request.headers.get(AUTH_HEADER, "")
-    expected = f"Bearer {token}"
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        return _error(401, "missing or wrong token")
-    return await handler(request)
+    refusal = bearer_refusal(request, token)
+    return refusal if refusal is not None else await handler(request)
 
 
 def _lookup(request: web.Request) -> DatasetView:
