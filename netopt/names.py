@@ -10,6 +10,7 @@ trailing newline (``re.match`` with ``$`` lets ``"name\\n"`` through;
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from netopt.errors import PathTraversalError
 
@@ -17,8 +18,13 @@ __all__ = [
     "DATASET_NAME_RE",
     "DATASET_NAME_RULE",
     "HASH_ID_RE",
+    "IFNAME_RE",
+    "NODE_NAME_RE",
+    "NODE_NAME_RULE",
     "is_dataset_name",
     "is_hash_id",
+    "is_ifname",
+    "is_node_name",
     "validate_dataset_name",
     "validate_hash_id",
 ]
@@ -31,8 +37,16 @@ HASH_ID_RE = re.compile(r"[0-9a-f]{64}\Z")
 
 DATASET_NAME_RULE = "letters, digits, '.', '_' and '-' (no '/', no '..'), at most 128 characters"
 
+NODE_NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?\Z")
+"""Node and region names: lowercase host names (letters, digits, '-', '.'), at most 63."""
 
-def is_dataset_name(value: object) -> bool:
+NODE_NAME_RULE = "lowercase letters, digits, '-' and '.', at most 63 characters"
+
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}\Z")
+"""Network interface names: at most 15 characters (IFNAMSIZ is 16 with the NUL)."""
+
+
+def is_dataset_name(value: object) -> TypeGuard[str]:
     """True when ``value`` is a dataset name (so never a path)."""
     return isinstance(value, str) and DATASET_NAME_RE.fullmatch(value) is not None
 
@@ -41,11 +55,20 @@ def validate_dataset_name(value: object, what: str = "dataset name") -> str:
     """Return ``value`` if it is a dataset name; PathTraversalError (exit 2) otherwise."""
     if not is_dataset_name(value):
         raise PathTraversalError(f"{what} {value!r} is not allowed: {DATASET_NAME_RULE}")
-    assert isinstance(value, str)
     return value
 
 
-def is_hash_id(value: object) -> bool:
+def is_node_name(value: object) -> TypeGuard[str]:
+    """True when ``value`` is a node or region name (a lowercase host name)."""
+    return isinstance(value, str) and NODE_NAME_RE.fullmatch(value) is not None
+
+
+def is_ifname(value: object) -> TypeGuard[str]:
+    """True when ``value`` is a network interface name (1-15 characters, no '/')."""
+    return isinstance(value, str) and IFNAME_RE.fullmatch(value) is not None
+
+
+def is_hash_id(value: object) -> TypeGuard[str]:
     """True when ``value`` is 64 lowercase hex digits (a chunk or manifest id)."""
     return isinstance(value, str) and HASH_ID_RE.fullmatch(value) is not None
 
@@ -54,5 +77,4 @@ def validate_hash_id(value: object, what: str = "chunk name") -> str:
     """Return ``value`` if it is a BLAKE3 hex id; PathTraversalError otherwise."""
     if not is_hash_id(value):
         raise PathTraversalError(f"{what} {value!r} is not 64 lowercase hex digits")
-    assert isinstance(value, str)
     return value

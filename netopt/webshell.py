@@ -7,6 +7,11 @@ connections (all addresses together: fewer than the process may open files, so a
 never fails for want of a descriptor). A connection over a cap is closed at once; a
 flood of them is logged once, when it starts, not per connection.
 
+`check_bearer` is the one token check (``Authorization: Bearer TOKEN``, constant-time
+compare) and `bearer_refusal` its answer, the one 401 body
+``{"error": "AuthenticationError", "message": TEXT}`` with ``WWW-Authenticate``; the
+coordinator, the data plane and the agent's doctor routes all use them.
+
 `json_errors` turns every 4xx/5xx that aiohttp or a handler raises into the JSON error
 body ``{"error": NAME, "message": TEXT}``, and `parse_json_document` reads an untrusted
 JSON body (refusing what would make ``json`` raise something other than a clean
@@ -16,6 +21,7 @@ refusal: deep nesting, integers over Python's digit limit, NaN).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import resource
@@ -27,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from netopt.errors import ValidationError
+from netopt.errors import AuthenticationError, ValidationError
 
 __all__ = [
     "FD_RESERVE",
@@ -35,9 +41,12 @@ __all__ = [
     "ConnectionGuard",
     "LimitedSite",
     "ListenerLimits",
+    "bearer_refusal",
+    "check_bearer",
     "json_errors",
     "parse_json_document",
     "start_site",
+    "unauthorized",
 ]
 
 log = logging.getLogger(__name__)
@@ -243,6 +252,33 @@ def parse_json_document(raw: bytes) -> Any:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def check_bearer(header: str | None, token: bytes) -> None:
+    """Raise AuthenticationError unless ``header`` is ``Bearer <token>`` (constant time)."""
+    if not header:
+        raise AuthenticationError("missing Authorization: Bearer token")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        raise AuthenticationError("Authorization must use the Bearer scheme")
+    if not hmac.compare_digest(presented.strip().encode("utf-8", "replace"), token):
+        raise AuthenticationError("token refused")
+
+
+def unauthorized(exc: AuthenticationError) -> web.Response:
+    """The one 401 answer: the error's JSON body and a ``WWW-Authenticate`` challenge."""
+    response = web.json_response(exc.to_dict(), status=401)
+    response.headers["WWW-Authenticate"] = 'Bearer realm="netopt"'
+    return response
+
+
+def bearer_refusal(request: web.Request, token: str) -> web.Response | None:
+    """None when ``request`` carries the shared ``token``; the 401 answer otherwise."""
+    try:
+        check_bearer(request.headers.get("Authorization"), token.encode())
+    except AuthenticationError as exc:
+        return unauthorized(exc)
+    return None
 
 
 @web.middleware

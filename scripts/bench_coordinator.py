@@ -55,7 +55,7 @@ import aiohttp
 from bench_restart_storm import print_storm, storm, storm_report
 
 from netopt.cli.output import print_table
-from netopt.coordinator.matrix import percentile
+from netopt.percentile import percentile
 
 TOKEN = "bench-coordinator-token-0123456789"  # noqa: S105 - a throwaway test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

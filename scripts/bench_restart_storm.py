@@ -25,7 +25,7 @@ import aiohttp
 
 from netopt.agent.backoff import first_phase_s, full_jitter_s
 from netopt.cli.output import print_table
-from netopt.coordinator.matrix import percentile
+from netopt.percentile import percentile
 
 __all__ = ["print_storm", "storm", "storm_report"]
 

@@ -14,7 +14,6 @@ Both need ``Authorization: Bearer TOKEN`` (the cluster token).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import json
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from netopt.config import LinksSettings, parse_settings
 from netopt.doctor import ports
 from netopt.doctor.run import DoctorOptions, run_doctor
 from netopt.errors import NetoptError, ValidationError
-from netopt.webshell import parse_json_document
+from netopt.webshell import bearer_refusal, parse_json_document
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -38,11 +37,6 @@ MAX_PEERS = 256
 
 def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": "DoctorRequestError", "message": message}, status=status)
-
-
-def _authorised(request: web.Request, token: str) -> bool:
-    header = request.headers.get("Authorization", "")
-    return hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -71,8 +65,8 @@ def doctor_routes(agent: Agent) -> list[web.RouteDef]:
     """The routes, bound to ``agent`` (its token, node name and listen address)."""
 
     async def listen(request: web.Request) -> web.Response:
-        if not _authorised(request, agent.token):
-            return _refuse(401, "missing or wrong token")
+        if (refusal := bearer_refusal(request, agent.token)) is not None:
+            return refusal
         body = await _body(request)
         try:
             master_port = _port(body.get("master_port", ports.DEFAULT_MASTER_PORT))
@@ -92,8 +86,8 @@ def doctor_routes(agent: Agent) -> list[web.RouteDef]:
         return web.json_response({"ports": [s.port for s in specs], "duration_s": duration_s})
 
     async def run(request: web.Request) -> web.Response:
-        if not _authorised(request, agent.token):
-            return _refuse(401, "missing or wrong token")
+        if (refusal := bearer_refusal(request, agent.token)) is not None:
+            return refusal
         body = await _body(request)
         peers = body.get("peers", [])
         if not isinstance(peers, list) or len(peers) > MAX_PEERS:

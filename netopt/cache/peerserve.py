@@ -24,8 +24,8 @@ from pathlib import Path
 import blake3
 
 from netopt.errors import IntegrityError, StorageError
-from netopt.names import is_dataset_name
-from netopt.transfer.manifest import CHUNK_ID_RE, Manifest, manifest_from_dict
+from netopt.names import is_dataset_name, is_hash_id
+from netopt.transfer.manifest import Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
 from netopt.transfer.profile import cpu_profile_from_dict, default_codec_cache_path, sample_bytes
 
@@ -50,7 +50,7 @@ class CachedDataset:
     def read_chunk(self, chunk_id: str) -> bytes:
         """The chunk's bytes, verified. StorageError when it is not (or no longer) cached,
         IntegrityError when the file does not match its name."""
-        if not CHUNK_ID_RE.fullmatch(chunk_id):
+        if not is_hash_id(chunk_id):
             raise StorageError(f"bad chunk name {chunk_id[:16]!r}")
         path = self.root / "chunks" / chunk_id[:2] / chunk_id
         try:

@@ -47,7 +47,6 @@ from netopt.errors import IntegrityError, StorageError, ValidationError
 from netopt.fsutil import atomic_write_bytes, fsync_dirs
 from netopt.names import is_dataset_name, is_hash_id, validate_dataset_name, validate_hash_id
 from netopt.transfer.manifest import (
-    CHUNK_ID_RE,
     Manifest,
     manifest_from_dict,
     manifest_to_dict,
@@ -167,7 +166,7 @@ class Cache:
         for stale in self.tmp_dir.iterdir():
             chunk_id = stale.name.split(".", 1)[0]
             data = b""
-            if CHUNK_ID_RE.fullmatch(chunk_id) and stale.is_file() and not stale.is_symlink():
+            if is_hash_id(chunk_id) and stale.is_file() and not stale.is_symlink():
                 with contextlib.suppress(OSError):
                     data = stale.read_bytes()
             if not data or blake3.blake3(data).hexdigest() != chunk_id:
@@ -184,7 +183,7 @@ class Cache:
                 continue
             self._chunk_dirs.add(sub)
             for entry in os.scandir(sub):
-                if CHUNK_ID_RE.match(entry.name) and entry.name.startswith(sub.name):
+                if is_hash_id(entry.name) and entry.name.startswith(sub.name):
                     self.sizes_bytes[entry.name] = entry.stat().st_size
         self._used_bytes = sum(self.sizes_bytes.values())
 

@@ -3,32 +3,22 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 
 from netopt.config.loader import Invalid, bounded
-from netopt.names import DATASET_NAME_RE, DATASET_NAME_RULE, is_dataset_name
+from netopt.names import DATASET_NAME_RULE, NODE_NAME_RULE, is_dataset_name, is_node_name
 
 __all__ = [
-    "DATASET_NAME_RE",
-    "NAME_RE",
     "ListenAddress",
     "check_dataset_name",
     "check_name",
 ]
 
-NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?\Z")
-"""Node and region names: lowercase host names (letters, digits, '-', '.'), at most 63."""
-
 
 def check_name(key: str, value: str, what: str = "name") -> None:
     """Raise Invalid unless ``value`` is a node/region name."""
-    if not NAME_RE.fullmatch(value):
-        raise Invalid(
-            key,
-            f"{what} {value!r} is not allowed",
-            "lowercase letters, digits, '-' and '.', at most 63 characters",
-        )
+    if not is_node_name(value):
+        raise Invalid(key, f"{what} {value!r} is not allowed", NODE_NAME_RULE)
 
 
 def check_dataset_name(key: str, value: str) -> None:

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 from netopt.config.common import check_name
 from netopt.config.loader import Invalid, bounded
+from netopt.names import is_ifname
 from netopt.nccl.model import LinkFigures, Nic, NodeInfo
 
 __all__ = ["LinkPairSpec", "LinksSettings", "NicSpec", "NodeLinksSpec"]
-
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,7 @@ class NicSpec:
     rdma: bool = False
 
     def __post_init__(self) -> None:
-        if not _IFNAME_RE.match(self.name):
+        if not is_ifname(self.name):
             raise Invalid("name", f"{self.name!r} is not an interface name", "1-15 characters")
         for i, text in enumerate(self.addresses):
             try:

@@ -18,12 +18,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from netopt.config.common import NAME_RE
 from netopt.coordinator.catalogue import Catalogue, CatalogueError, RouteRequest
 from netopt.coordinator.fields import Reader, RequestInvalid, parse_json_body
 from netopt.coordinator.service import Coordinator, NotFoundError, node_state
-from netopt.names import is_dataset_name
-from netopt.transfer.manifest import CHUNK_ID_RE
+from netopt.names import NODE_NAME_RE, is_dataset_name, is_hash_id, is_node_name
 
 __all__ = ["CATALOGUE", "CATALOGUE_ROUTES", "ChunkCatalogue", "parse_route_request"]
 
@@ -45,17 +43,17 @@ def parse_route_request(data: object, dataset: str, manifest_id: str) -> RouteRe
     """The route call's body; RequestInvalid naming the field for anything malformed."""
     if not is_dataset_name(dataset):
         raise RequestInvalid("dataset", f"{dataset[:64]!r} is not a dataset name")
-    if not CHUNK_ID_RE.fullmatch(manifest_id):
+    if not is_hash_id(manifest_id):
         raise RequestInvalid("manifest_id", "expected 64 lowercase hex digits")
     r = Reader(
         data,
         keys=frozenset(("node", "chunk_count", "want", "have", "exclude", "steal", "done")),
     )
-    node = r.string("node", max_len=63, pattern=NAME_RE)
+    node = r.string("node", max_len=63, pattern=NODE_NAME_RE)
     chunk_count = r.integer("chunk_count", ge=1, le=1 << 24)
     exclude = []
     for where, value in r.items("exclude", max_items=MAX_EXCLUDE, required=False):
-        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        if not is_node_name(value):
             raise RequestInvalid(where, "expected a node name")
         exclude.append(value)
     return RouteRequest(

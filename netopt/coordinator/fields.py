@@ -204,6 +204,8 @@ def string_schema(max_len: int, pattern: re.Pattern[str] | None = None) -> dict[
     """
     schema: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": max_len}
     if pattern is not None:
-        body = pattern.pattern.removeprefix("^").removesuffix("$")
+        # \Z (Python's end of string, kept so a stray .match cannot pass "name\n") is no
+        # ECMA-262 escape: the anchored $ below says the same there.
+        body = pattern.pattern.removeprefix("^").removesuffix("$").removesuffix("\\Z")
         schema["pattern"] = f"^(?:{body})$"
     return schema

@@ -14,11 +14,12 @@ the coordinator never holds a window's summaries as Python objects.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from netopt.percentile import percentile, percentile_ranks
 
 __all__ = [
     "SPREAD_QUANTILES",
@@ -28,7 +29,6 @@ __all__ = [
     "RegionAggregate",
     "link_entries",
     "link_figures",
-    "percentile",
     "ranked_values",
     "region_entries",
     "region_figures",
@@ -56,25 +56,6 @@ class LinkRow:
     aggregate_bps: float | None
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-th (0..100) percentile of ascending values, linearly interpolated.
-
-    Raises ValueError for no values.
-    """
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    rank = (len(sorted_values) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
-
-
-def _ranks(count: int, q: int) -> tuple[float, int, int]:
-    rank = (count - 1) * q / 100
-    low = math.floor(rank)
-    return rank, low, min(low + 1, count - 1)
-
-
 @dataclass(frozen=True)
 class RankedValues:
     """What a spread needs of ``count`` ascending values: for each of
@@ -92,19 +73,19 @@ def ranked_values(sorted_values: Sequence[float]) -> RankedValues | None:
         return None
     picks: list[float | None] = []
     for q in SPREAD_QUANTILES:
-        _, low, _ = _ranks(n, q)
+        _, low, _ = percentile_ranks(n, q)
         picks.append(sorted_values[low])
         picks.append(sorted_values[low + 1] if low + 1 < n else None)
     return RankedValues(n, tuple(picks))
 
 
 def spread_from_ranks(ranked: RankedValues | None) -> dict[str, float] | None:
-    """``{"p50", "p90", "p99"}``, interpolated exactly as :func:`percentile` does."""
+    """``{"p50", "p90", "p99"}``, interpolated exactly as :func:`~netopt.percentile.percentile`."""
     if ranked is None or ranked.count == 0:
         return None
     out: dict[str, float] = {}
     for index, q in enumerate(SPREAD_QUANTILES):
-        rank, low, high = _ranks(ranked.count, q)
+        rank, low, high = percentile_ranks(ranked.count, q)
         low_value = ranked.values[2 * index]
         high_value = ranked.values[2 * index + 1] if high > low else low_value
         if low_value is None or high_value is None:

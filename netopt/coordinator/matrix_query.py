@@ -41,7 +41,7 @@ def _ranked_sql(keys: str, source: str) -> str:
     """Per group of ``keys``: count and the values at ``floor(rank)`` and ``floor(rank) + 1``.
 
     ``source`` yields the ``keys`` columns and ``v`` (never NULL). The rank of
-    quantile q is ``(n - 1) * q / 100`` as in :func:`~netopt.coordinator.matrix.percentile`.
+    quantile q is ``(n - 1) * q / 100`` as in :func:`~netopt.percentile.percentile`.
     """
     picks = []
     for q in SPREAD_QUANTILES:

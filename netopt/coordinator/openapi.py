@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from netopt import __version__
-from netopt.config.common import DATASET_NAME_RE, NAME_RE
 from netopt.coordinator.fields import string_schema
 from netopt.coordinator.schema import (
     BATCH_ID_RE,
     CC_RE,
-    IFNAME_RE,
     MAX_ADDRESSES_PER_NIC,
     MAX_NIC_MBPS,
     MAX_NICS,
@@ -26,12 +24,12 @@ from netopt.coordinator.schema import (
     TARGET_MAX_LEN,
     VERSION_RE,
 )
-from netopt.transfer.manifest import CHUNK_ID_RE
+from netopt.names import DATASET_NAME_RE, HASH_ID_RE, IFNAME_RE, NODE_NAME_RE
 
 __all__ = ["openapi_document", "query_names"]
 
 # Every bound and pattern below is the constant the validators in schema.py use.
-NAME = string_schema(NAME_MAX_LEN, NAME_RE)
+NAME = string_schema(NAME_MAX_LEN, NODE_NAME_RE)
 MS = {"type": "number", "minimum": 0, "maximum": MAX_RTT_MS}
 BPS = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_RATE_BPS}
 COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_PROBES}
@@ -262,7 +260,7 @@ def openapi_document() -> dict[str, Any]:
                 "Sources for the chunks a sync wants (in-region peers first, the border "
                 "once); reports the chunks it stored", "RouteAnswer", "RouteRequest",
                 dataset=("path", string_schema(128, DATASET_NAME_RE)),
-                manifest_id=("path", string_schema(64, CHUNK_ID_RE)))},
+                manifest_id=("path", string_schema(64, HASH_ID_RE)))},
             "/metrics": {"get": {"summary": "Prometheus metrics (token required)",
                                  "responses": {"200": {"description": "text format 0.0.4"},
                                                "401": {"description": "missing or wrong token",

@@ -19,8 +19,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
-from netopt.config.common import NAME_RE
 from netopt.coordinator.fields import Reader, RequestInvalid, check_number
+from netopt.names import IFNAME_RE, NODE_NAME_RE
 
 __all__ = [
     "BATCH_ID_RE",
@@ -56,7 +56,6 @@ NAME_MAX_LEN = 63
 
 BATCH_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 VERSION_RE = re.compile(r"[A-Za-z0-9.+_-]{1,32}")
-IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 CC_RE = re.compile(r"[a-z0-9_]{1,16}")
 TARGET_MAX_LEN = 256
 RTT_KEYS = frozenset(("min", "mean", "p50", "p90", "p99", "max"))
@@ -71,13 +70,13 @@ SUMMARY_KEYS = frozenset(
 
 def check_node_name(value: str, field: str = "node") -> str:
     """``value`` if it is a node/region name (lowercase host name, <= 63 chars)."""
-    if not NAME_RE.fullmatch(value):
+    if not NODE_NAME_RE.fullmatch(value):
         raise RequestInvalid(field, f"{value[:40]!r} is not a valid name (lowercase a-z0-9-)")
     return value
 
 
 def _name(reader: Reader, key: str) -> str:
-    return cast(str, reader.string(key, max_len=NAME_MAX_LEN, pattern=NAME_RE))
+    return cast(str, reader.string(key, max_len=NAME_MAX_LEN, pattern=NODE_NAME_RE))
 
 
 @dataclass(frozen=True)

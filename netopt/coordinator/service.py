@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 from netopt.cache.residency import residency_violation
 from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
-from netopt.config.common import DATASET_NAME_RE, NAME_RE
 from netopt.coordinator.database import Database
 from netopt.coordinator.fields import Reader
 from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
 from netopt.coordinator.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
 from netopt.errors import NetoptError, ResidencyError
+from netopt.names import DATASET_NAME_RE, NODE_NAME_RE
 
 __all__ = ["Coordinator", "NodeState", "NotFoundError", "PlacementRequest", "node_state"]
 
@@ -58,8 +58,8 @@ class PlacementRequest:
         dataset = r.string("dataset", max_len=128, pattern=DATASET_NAME_RE)
         if ".." in dataset:
             raise RequestInvalid("dataset", "must not contain '..'")
-        node = r.string("node", max_len=63, pattern=NAME_RE, required=False)
-        region = r.string("region", max_len=63, pattern=NAME_RE, required=False)
+        node = r.string("node", max_len=63, pattern=NODE_NAME_RE, required=False)
+        region = r.string("region", max_len=63, pattern=NODE_NAME_RE, required=False)
         if (node is None) == (region is None):
             raise RequestInvalid("node", "give exactly one of node or region")
         return cls(dataset, node, region)

@@ -11,7 +11,6 @@ documents the routes and re-exports the public names here.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -23,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
-from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
 from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
 from netopt.dataplane.limits import MAX_STREAM_NAMES_QUEUED, STREAM_NAME_LINE_BYTES
@@ -36,10 +34,11 @@ from netopt.errors import (
     StorageError,
     ValidationError,
 )
-from netopt.transfer.manifest import CHUNK_ID_RE, manifest_to_dict
+from netopt.names import is_dataset_name, is_hash_id
+from netopt.transfer.manifest import manifest_to_dict
 from netopt.transfer.planner import CpuProfile
 from netopt.transfer.profile import cpu_profile_to_dict
-from netopt.webshell import parse_json_document
+from netopt.webshell import bearer_refusal, parse_json_document
 
 __all__ = [
     "CPU",
@@ -70,7 +69,6 @@ _STREAM_LINE = (
 MAX_BATCH_CHUNKS = 1024
 _AHEAD = 3
 """Chunks of one batch being read and compressed ahead of the one being sent."""
-AUTH_HEADER = "Authorization"
 
 
 @dataclass(frozen=True)
@@ -109,16 +107,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     token = request.app[SETTINGS].token
     if token is None or not request.path.startswith("/v1/datasets"):
         return await handler(request)
-    given = request.headers.get(AUTH_HEADER, "")
-    expected = f"Bearer {token}"
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        return _error(401, "missing or wrong token")
-    return await handler(request)
+    refusal = bearer_refusal(request, token)
+    return refusal if refusal is not None else await handler(request)
 
 
 def _lookup(request: web.Request) -> DatasetView:
     name = request.match_info["name"]
-    if not DATASET_NAME_RE.match(name) or ".." in name:
+    if not is_dataset_name(name):
         raise web.HTTPBadRequest(text=f"bad dataset name {name!r}")
     found = request.app[DATASETS].get(name)
     if found is None:
@@ -249,7 +244,7 @@ def _parse_level(text: str) -> int:
 
 
 def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
-    if not isinstance(chunk_id, str) or not CHUNK_ID_RE.match(chunk_id):
+    if not is_hash_id(chunk_id):
         raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits")
     if chunk_id not in ds.index:
         if isinstance(ds, ServedDataset) and ds.versioned:

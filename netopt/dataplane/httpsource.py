@@ -25,7 +25,6 @@ from typing import Any, cast
 
 import aiohttp
 
-from netopt.config.common import DATASET_NAME_RE
 from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
     Codec,
@@ -40,7 +39,7 @@ from netopt.dataplane.limits import (
     check_manifest_bounds,
     check_manifest_shape,
 )
-from netopt.dataplane.sockets import set_congestion_control, set_user_timeout
+from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
 from netopt.dataplane.streaming import HttpChunkStream, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
@@ -51,6 +50,7 @@ from netopt.errors import (
     ProtocolError,
     ValidationError,
 )
+from netopt.names import is_dataset_name
 from netopt.transfer.adapt import LevelAdapter
 from netopt.transfer.manifest import Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
@@ -120,7 +120,7 @@ def parse_dataset_url(url: str) -> DatasetUrl:
     port = int(port_text)
     if not 0 < port < 65536:
         raise ValidationError(f"{url!r}: port {port} is out of range")
-    if not DATASET_NAME_RE.match(name) or ".." in name:
+    if not is_dataset_name(name):
         raise ValidationError(f"{url!r}: dataset name {name!r} is not allowed")
     return DatasetUrl(host.strip("[]"), port, name)
 
@@ -225,7 +225,7 @@ class HttpChunkSource:
             return connected
         sock = socket.socket(family, type_, proto)
         if self.options.congestion_control is not None:
-            set_congestion_control(sock, self.options.congestion_control)
+            try_congestion_control(sock, self.options.congestion_control)
         set_user_timeout(sock, self.stall_timeout_s)
         return sock
 

@@ -34,7 +34,7 @@ from netopt.dataplane.limits import (
     BodyTooLarge,
     check_manifest_shape,
 )
-from netopt.dataplane.sockets import set_congestion_control
+from netopt.dataplane.sockets import try_congestion_control
 
 # asyncio and http.client are imported where used: `start` runs before them.
 
@@ -159,7 +159,7 @@ class _Prefetch:
             return
         try:
             if congestion_control is not None:
-                set_congestion_control(sock, congestion_control)
+                try_congestion_control(sock, congestion_control)
             sock.settimeout(self.timeout_s)
             start_s = time.monotonic()
             sock.connect(address)

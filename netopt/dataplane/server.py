@@ -56,7 +56,7 @@ from netopt.dataplane.handlers import (
     health,
 )
 from netopt.dataplane.served import DatasetView, ServedDataset, load_dataset
-from netopt.dataplane.sockets import set_congestion_control
+from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ValidationError
 from netopt.transfer.planner import CpuProfile
 from netopt.webshell import ListenerLimits, json_errors, start_site
@@ -133,7 +133,7 @@ def _listen_socket(host: str, port: int, congestion_control: str | None) -> sock
         if congestion_control is not None:
             # Accepted sockets inherit a congestion control set on the listener; the
             # server is the sender, so its choice is the one that matters.
-            set_congestion_control(sock, congestion_control)
+            try_congestion_control(sock, congestion_control)
         sock.bind((host, port))
         sock.listen(256)
         sock.setblocking(False)

@@ -15,19 +15,17 @@ from dataclasses import dataclass
 
 from netopt.doctor.findings import Finding
 from netopt.doctor.sysctl import read_sysctl
+from netopt.tcpmath import mathis_bound_bps, window_cap_bps
 
 __all__ = [
     "LinkView",
     "TcpFacts",
     "bdp_bytes",
     "check_tcp",
-    "mathis_bound_bps",
     "read_tcp_facts",
     "recommended_buffer_bytes",
-    "window_cap_bps",
 ]
 
-MSS_BYTES = 1448
 LOSSY_RATIO = 0.001
 """Loss above which a loss-based algorithm is held well below a fast link's rate."""
 MIN_RECOMMENDED_BUFFER_BYTES = 16 * 2**20
@@ -89,20 +87,6 @@ def read_tcp_facts() -> TcpFacts:
 def bdp_bytes(rate_mbps: float, rtt_ms: float) -> float:
     """Bandwidth-delay product in bytes."""
     return rate_mbps * 1e6 * rtt_ms / 1e3 / 8
-
-
-def window_cap_bps(window_bytes: int, rtt_ms: float) -> float:
-    """The most one flow with this window can carry at this RTT (bit/s; inf at 0 RTT)."""
-    if rtt_ms <= 0:
-        return math.inf
-    return window_bytes * 8 / (rtt_ms / 1e3)
-
-
-def mathis_bound_bps(rtt_ms: float, loss_ratio: float, mss_bytes: int = MSS_BYTES) -> float:
-    """Mathis et al. ceiling of one loss-based flow: MSS/RTT * 1.22/sqrt(p), bit/s."""
-    if rtt_ms <= 0 or loss_ratio <= 0:
-        return math.inf
-    return mss_bytes * 8 / (rtt_ms / 1e3) * 1.22 / math.sqrt(loss_ratio)
 
 
 def recommended_buffer_bytes(bdp: float) -> int:

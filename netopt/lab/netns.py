@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.errors import DependencyError, LabError, PermissionDeniedError
+from netopt.fsutil import atomic_write_bytes
 
 __all__ = [
     "NETNS_DIR",
@@ -202,9 +203,7 @@ _RESOLV_CONF = "# netopt lab: names come from /etc/hosts\nnameserver 127.0.0.1\n
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode())
 
 
 def write_hosts_file(netns: str, text: str) -> Path:

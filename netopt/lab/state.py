@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.errors import LabError, ValidationError
+from netopt.fsutil import atomic_write_bytes
 from netopt.lab import netns
 
 __all__ = [
@@ -88,13 +89,7 @@ def write_state(state: LabState, root: Path | None = None) -> Path:
     """Write ``state`` atomically (temp file, fsync, rename); return the lab's directory."""
     directory = _dir(state.prefix, root)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = directory / f".{_STATE_FILE}.tmp"
-    data = asdict(state)
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, directory / _STATE_FILE)
+    atomic_write_bytes(directory / _STATE_FILE, json.dumps(asdict(state), indent=2).encode())
     return directory
 
 

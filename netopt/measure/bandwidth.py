@@ -27,9 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
+from netopt.dataplane.sockets import set_congestion_control
 from netopt.errors import AuthenticationError, NetworkError, PeerUnreachableError, ProtocolError
 from netopt.measure.samples import ProbeTarget
-from netopt.measure.tcpinfo import read_tcp_info, set_congestion_control
+from netopt.measure.tcpinfo import read_tcp_info
 from netopt.measure.throughput import BandwidthResult, StreamResult
 
 __all__ = [

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netopt.measure.samples import Method, ProbeSeries
+from netopt.percentile import percentile
 
 __all__ = [
     "Z_95",
@@ -25,7 +26,6 @@ __all__ = [
     "PdvSummary",
     "RttSummary",
     "find_outages",
-    "percentile",
     "rfc3550_jitter_ms",
     "summarise",
     "wilson_interval",
@@ -110,22 +110,6 @@ class LinkStats:
             "late_count": self.late_count,
             "outages": [vars(o).copy() for o in self.outages],
         }
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of ascending values, linearly interpolated.
-
-    Raises ValueError for an empty sequence or ``q`` outside 0..100.
-    """
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is outside 0..100")
-    rank = (len(sorted_values) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(sorted_values) - 1)
-    frac = rank - low
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac
 
 
 def wilson_interval(failures: int, trials: int, z: float = Z_95) -> tuple[float, float]:

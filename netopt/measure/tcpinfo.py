@@ -1,4 +1,4 @@
-"""Linux ``TCP_INFO`` and ``TCP_CONGESTION`` on a socket.
+"""Linux ``TCP_INFO`` on a socket (congestion control is set in ``dataplane.sockets``).
 
 :func:`parse_tcp_info` is pure (bytes from ``getsockopt(IPPROTO_TCP, TCP_INFO)``
 to a :class:`TcpInfo`), following ``struct tcp_info`` in ``linux/tcp.h``; fields
@@ -7,25 +7,21 @@ a shorter (older kernel's) struct lacks are None.
 
 from __future__ import annotations
 
-import errno
 import socket
 import struct
 from dataclasses import dataclass
 
-from netopt.errors import DependencyError, ProtocolError
+from netopt.errors import ProtocolError
 
 __all__ = [
     "TCP_INFO_BYTES",
     "TcpInfo",
-    "get_congestion_control",
     "parse_tcp_info",
     "read_tcp_info",
-    "set_congestion_control",
 ]
 
 TCP_INFO_BYTES = 232
 _TCP_INFO = getattr(socket, "TCP_INFO", 11)
-_TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
 
 # (name, offset, struct format) of the fields read, from linux/tcp.h.
 _FIELDS: tuple[tuple[str, int, str], ...] = (
@@ -92,24 +88,3 @@ def read_tcp_info(sock: socket.socket) -> TcpInfo:
     except OSError as exc:
         raise ProtocolError(f"cannot read TCP_INFO: {exc}") from None
     return parse_tcp_info(data)
-
-
-def set_congestion_control(sock: socket.socket, name: str) -> None:
-    """Pin the socket's congestion control (``cubic``, ``bbr``, ``reno``).
-
-    Raises DependencyError when the kernel lacks the algorithm or refuses it here.
-    """
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, _TCP_CONGESTION, name.encode())
-    except OSError as exc:
-        why = {
-            errno.ENOENT: "is not available in this kernel",
-            errno.EPERM: "is not allowed for this process (tcp_allowed_congestion_control)",
-        }.get(exc.errno or 0, f"was refused: {exc}")
-        raise DependencyError(f"congestion control {name!r} {why}") from None
-
-
-def get_congestion_control(sock: socket.socket) -> str:
-    """The socket's congestion control algorithm's name."""
-    raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_CONGESTION, 16)
-    return raw.split(b"\0", 1)[0].decode("ascii", "replace")

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from netopt.tcpmath import DEFAULT_MSS_BYTES, LOSS_INSENSITIVE, tcp_flow_ceiling_bps
+
 __all__ = [
     "DEFAULT_MSS_BYTES",
     "DEFAULT_WINDOW_BYTES",
@@ -20,45 +22,13 @@ __all__ = [
     "StreamResult",
     "buffer_delay_pct",
     "choose_streams",
-    "mathis_ceiling_bps",
-    "per_flow_ceiling_bps",
     "tcp_efficiency_pct",
 ]
 
-DEFAULT_MSS_BYTES = 1448
 DEFAULT_WINDOW_BYTES = 4 * 1024**2
 """Linux's default ``tcp_wmem`` maximum: the most one flow keeps in flight."""
 DEFAULT_TARGET_BPS = 1e9
-LOSS_INSENSITIVE = frozenset({"bbr"})
 LOSSY_RATIO = 0.001
-
-
-def mathis_ceiling_bps(
-    rtt_ms: float, loss_ratio: float, mss_bytes: int = DEFAULT_MSS_BYTES
-) -> float:
-    """Mathis et al.: a loss-based flow's ceiling, MSS/RTT x 1.22/sqrt(p), in bit/s.
-
-    Infinite for no loss or no RTT (the formula then bounds nothing).
-    """
-    if loss_ratio <= 0 or rtt_ms <= 0:
-        return math.inf
-    return mss_bytes * 8 / (rtt_ms / 1e3) * 1.22 / math.sqrt(loss_ratio)
-
-
-def per_flow_ceiling_bps(
-    rtt_ms: float,
-    loss_ratio: float,
-    congestion_control: str,
-    *,
-    mss_bytes: int = DEFAULT_MSS_BYTES,
-    window_bytes: int = DEFAULT_WINDOW_BYTES,
-) -> float:
-    """What one flow can carry: the window over the RTT, and for loss-based algorithms
-    (cubic, reno) also the Mathis bound. BBR does not back off on random loss."""
-    window_bps = window_bytes * 8 / (rtt_ms / 1e3) if rtt_ms > 0 else math.inf
-    if congestion_control in LOSS_INSENSITIVE:
-        return window_bps
-    return min(window_bps, mathis_ceiling_bps(rtt_ms, loss_ratio, mss_bytes))
 
 
 def choose_streams(
@@ -81,7 +51,7 @@ def choose_streams(
     """
     if max_streams < 1:
         raise ValueError(f"max_streams {max_streams} is below 1")
-    ceiling_bps = per_flow_ceiling_bps(
+    ceiling_bps = tcp_flow_ceiling_bps(
         rtt_ms, loss_ratio, congestion_control, mss_bytes=mss_bytes, window_bytes=window_bytes
     )
     wanted = 1 if math.isinf(ceiling_bps) else math.ceil(target_rate_bps / ceiling_bps)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from netopt.errors import ValidationError
 from netopt.nccl.model import LinkFigures, NodeInfo, Prediction
+from netopt.tcpmath import mathis_bound_bps
 
 __all__ = [
-    "MATHIS_C",
     "Fabric",
     "Hop",
     "best_link",
@@ -38,9 +38,6 @@ __all__ = [
     "tree_allreduce_s",
     "two_level_allreduce_s",
 ]
-
-MATHIS_C = 1.22
-"""The constant of the Mathis bound, sqrt(3/2) for periodic loss with delayed ACKs off."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +68,9 @@ def flow_ceiling_bps(link: LinkFigures, mss_bytes: int) -> float:
     BBR the measured single-stream goodput alone is the ceiling.
     """
     measured = link.single_stream_mbps * 1e6
-    if link.loss_ratio <= 0 or link.rtt_ms <= 0 or not link.loss_based:
+    if not link.loss_based:
         return measured
-    mathis = mss_bytes * 8 / (link.rtt_ms / 1000) * MATHIS_C / math.sqrt(link.loss_ratio)
-    return min(measured, mathis)
+    return min(measured, mathis_bound_bps(link.rtt_ms, link.loss_ratio, mss_bytes))
 
 
 def ring_allreduce_s(n: int, size_bytes: float, alpha_s: float, rate_bps: float) -> float:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from netopt.errors import ValidationError
+from netopt.names import is_ifname
 from netopt.nccl.model import EnvValue, NcclSettings, NcclVersion
 
 __all__ = [
@@ -53,8 +54,6 @@ COLLECTIVE_NAMES = ("broadcast", "reduce", "allgather", "reducescatter", "allred
 """Prefixes NCCL_ALGO accepts (ncclFuncStr, compared case-insensitively)."""
 ALGO_NAMES = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 """Algorithms NCCL_ALGO accepts (ncclAlgoStr, compared case-insensitively)."""
-
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # IFNAMSIZ is 16 with the NUL
 
 
 @dataclass(frozen=True)
@@ -254,7 +253,7 @@ def _check_domain(spec: VarSpec, value: str, nccl_version: NcclVersion) -> None:
     elif spec.kind == "nccl_ifname":
         _check_nccl_ifname(value, nccl_version, bad)
     elif spec.kind == "gloo_ifname":
-        if not all(_IFNAME_RE.match(name) for name in value.split(",")):
+        if not all(is_ifname(name) for name in value.split(",")):
             raise bad
     elif spec.kind == "nccl_algo":
         _check_algo(value, nccl_version, bad)
@@ -271,7 +270,7 @@ def _check_nccl_ifname(value: str, nccl_version: NcclVersion, bad: ValidationErr
             f"NCCL_SOCKET_IFNAME={value!r}: '=' (exact name) needs NCCL "
             f"{'.'.join(map(str, EXACT_IFNAME_SINCE))}+"
         )
-    if len(value) <= 1 or not all(_IFNAME_RE.match(name) for name in body.split(",")):
+    if len(value) <= 1 or not all(is_ifname(name) for name in body.split(",")):
         raise bad  # socket.cc ignores values of length <= 1
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.errors import StorageError, ValidationError
+from netopt.fsutil import atomic_write_bytes
 
 __all__ = ["CachedDataset", "CachedSampler", "JournalStats"]
 
@@ -269,9 +270,7 @@ class CachedDataset:
             offsets[path.name] = max(start, end)
         with Cache.open(self.cache_dir) as cache:
             cache.record_reads(chunk_ids)
-        tmp = offsets_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(offsets))
-        os.replace(tmp, offsets_path)
+        atomic_write_bytes(offsets_path, json.dumps(offsets).encode())
         return fed
 
 

@@ -20,10 +20,9 @@ import blake3
 
 from netopt.chunking import DEFAULT_AVG_CHUNK_BYTES, ChunkRef, chunk_file
 from netopt.errors import PathTraversalError, ProtocolError, StorageError, ValidationError
-from netopt.names import HASH_ID_RE, validate_dataset_name, validate_hash_id
+from netopt.names import validate_dataset_name, validate_hash_id
 
 __all__ = [
-    "CHUNK_ID_RE",
     "STATE_DIR_NAME",
     "FileEntry",
     "Manifest",
@@ -34,7 +33,6 @@ __all__ = [
     "validate_rel_path",
 ]
 
-CHUNK_ID_RE = HASH_ID_RE
 STATE_DIR_NAME = ".netopt-sync"
 """Hidden directory under a sync destination that holds resume state; never served."""
 

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from netopt.tcpmath import is_loss_based, tcp_flow_ceiling_bps
+
 __all__ = [
     "HEADER_EFFICIENCY",
     "LEVEL_GAIN_MIN",
@@ -176,15 +178,15 @@ def per_flow_ceiling_bps(link: LinkProfile) -> float:
     capped by the window limit. BBR: a share of the link rate, capped by the window
     limit. A measured ``single_stream_bps`` caps either.
     """
-    rtt_s = link.rtt_ms / 1000
-    window_bps = link.max_window_bytes * 8 / rtt_s
-    if link.congestion_control == "bbr":
-        ceiling = min(link.rate_bps * BBR_LINK_SHARE, window_bps)
-    elif link.loss_ratio > 0:
-        mathis_bps = link.mss_bytes * 8 / rtt_s * 1.22 / math.sqrt(link.loss_ratio)
-        ceiling = min(mathis_bps, window_bps)
-    else:
-        ceiling = window_bps
+    ceiling = tcp_flow_ceiling_bps(
+        link.rtt_ms,
+        link.loss_ratio,
+        link.congestion_control,
+        window_bytes=link.max_window_bytes,
+        mss_bytes=link.mss_bytes,
+    )
+    if not is_loss_based(link.congestion_control):
+        ceiling = min(ceiling, link.rate_bps * BBR_LINK_SHARE)
     if link.single_stream_bps is not None:
         ceiling = min(ceiling, link.single_stream_bps)
     return min(ceiling, link.rate_bps * HEADER_EFFICIENCY)

@@ -26,6 +26,7 @@ import blake3
 import zstandard
 
 from netopt.errors import StorageError
+from netopt.fsutil import atomic_write_bytes
 from netopt.transfer.planner import CpuProfile, SampleProfile
 
 __all__ = [
@@ -276,12 +277,7 @@ def load_cpu_profile(
     profile = replace(calibrate_codecs(levels), startup_s=measure_startup_s())
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        with tmp.open("w") as f:
-            json.dump(cpu_profile_to_dict(profile), f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, cache)
-    except OSError:
+        atomic_write_bytes(cache, json.dumps(cpu_profile_to_dict(profile), indent=2).encode())
+    except (OSError, StorageError):
         pass
     return profile

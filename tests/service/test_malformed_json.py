@@ -13,11 +13,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from netopt.agent.daemon import Agent
-from netopt.config import parse_settings
-from netopt.config.services import AgentSettings
 from netopt.coordinator.server import serve
-from tests.service.coordinator_helpers import AUTH, free_port, make_settings
+from tests.service.agent_helpers import running_agent
+from tests.service.coordinator_helpers import AUTH, make_settings
 from tests.service.dataplane_helpers import make_dataset, start
 
 AGENT_TOKEN = "malformed-test-token-0123456789"
@@ -68,28 +66,13 @@ async def test_coordinator_post_routes(coordinator: str) -> None:
 
 
 async def test_agent_post_routes(tmp_path: Path) -> None:
-    settings = parse_settings(
-        f"node: n1\nregion: hk\ncoordinator_url: http://127.0.0.1:{free_port()}\n"
-        f"listen: {{host: 127.0.0.1, port: 0}}\nprobe: {{port: {free_port()}}}\n"
-        f"spool: {{dir: {tmp_path / 'spool'}}}\ncache: {{dir: {tmp_path / 'cache'}}}\n",
-        "agent.yaml", "agent", env={},
-    )  # fmt: skip
-    assert isinstance(settings, AgentSettings)
-    agent = Agent(settings, AGENT_TOKEN)
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop))
-    try:
-        for _ in range(600):
-            if agent.http_port:
-                break
-            await asyncio.sleep(0.05)
+    async with running_agent(
+        tmp_path, AGENT_TOKEN, f"cache: {{dir: {tmp_path / 'cache'}}}\n"
+    ) as agent:
         paths = ["/v1/doctor/listen", "/v1/doctor/run", "/v1/datasets/ds/batch"]
         paths.append("/v1/datasets/ds/stream")
         auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
         await _refused_with_json(f"http://127.0.0.1:{agent.http_port}", paths, auth)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_dataplane_post_routes(tmp_path: Path) -> None:

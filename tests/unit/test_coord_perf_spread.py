@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from netopt.coordinator.matrix import percentile, ranked_values, spread_from_ranks
+from netopt.coordinator.matrix import ranked_values, spread_from_ranks
+from netopt.percentile import percentile
 
 
 def test_spread_from_ranks_matches_percentile() -> None:

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from netopt.measure.samples import ProbeSeries, Reply
 from netopt.measure.stats import (
     find_outages,
-    percentile,
     rfc3550_jitter_ms,
     summarise,
     wilson_interval,
@@ -43,14 +42,6 @@ def test_rtt_summary_of_known_values() -> None:
     assert stats.delay_variation_ms.p50 == pytest.approx(49.5)
     assert stats.loss_ratio == 0
     assert stats.loss_ratio_ci95[0] == 0
-
-
-def test_percentile_edges() -> None:
-    assert percentile([3.0], 99) == 3.0
-    with pytest.raises(ValueError, match="no values"):
-        percentile([], 50)
-    with pytest.raises(ValueError, match="outside"):
-        percentile([1.0], 101)
 
 
 def test_rfc3550_jitter_follows_the_recurrence() -> None:

@@ -19,21 +19,15 @@ from netopt.measure.throughput import (
     StreamResult,
     buffer_delay_pct,
     choose_streams,
-    mathis_ceiling_bps,
     tcp_efficiency_pct,
 )
-
-
-def test_mathis_bound() -> None:
-    # 1448 B, 140 ms, 1% loss: about 1.0 Mbit/s (LAB.md: ~0.7-1 Mbit/s per cubic flow).
-    assert mathis_ceiling_bps(140, 0.01) == pytest.approx(1448 * 8 / 0.14 * 12.2)
-    assert math.isinf(mathis_ceiling_bps(140, 0.0))
+from netopt.tcpmath import mathis_bound_bps
 
 
 def test_loss_based_flows_need_many_streams_bbr_few() -> None:
     cubic = choose_streams(80, 0.01, "cubic", 64, target_rate_bps=100e6)
     bbr = choose_streams(80, 0.01, "bbr", 64, target_rate_bps=100e6)
-    assert cubic == math.ceil(100e6 / mathis_ceiling_bps(80, 0.01))
+    assert cubic == math.ceil(100e6 / mathis_bound_bps(80, 0.01))
     assert cubic > 40
     assert bbr == 4  # lossy: a few flows hide each other's stalls
     assert choose_streams(80, 0.0, "bbr", 64, target_rate_bps=100e6) == 2

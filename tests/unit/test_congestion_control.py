@@ -1,0 +1,30 @@
+"""The one home of setting a socket's congestion control (dataplane/sockets.py)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from netopt.dataplane.sockets import (
+    congestion_control_of,
+    set_congestion_control,
+    try_congestion_control,
+)
+from netopt.errors import DependencyError
+
+
+def test_set_and_read_back_on_a_real_socket() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        set_congestion_control(sock, "reno")  # built into every Linux kernel
+        assert congestion_control_of(sock) == "reno"
+
+
+def test_an_unknown_algorithm_is_one_error_and_the_fallback_keeps_the_default() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        before = congestion_control_of(sock)
+        with pytest.raises(DependencyError, match="'no-such-cc' is not available"):
+            set_congestion_control(sock, "no-such-cc")
+        assert try_congestion_control(sock, "no-such-cc") is False
+        assert congestion_control_of(sock) == before
+        assert try_congestion_control(sock, "reno") is True

@@ -1,0 +1,24 @@
+"""scripts/import_graph.py on the real tree: the homes of shared rules stay leaves."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from import_graph import cycles, package_graph
+
+
+def test_cycles_are_the_strongly_connected_components() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_homes_of_shared_rules_import_at_most_the_error_tree() -> None:
+    graph = package_graph()
+    for leaf in ("errors", "tcpmath", "percentile", "names", "fsutil", "webshell"):
+        assert graph[leaf] <= {"errors"}, (leaf, graph[leaf])
+    for name, imported in graph.items():
+        assert name == "__main__" or "cli" not in imported  # only `python -m netopt`
