@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from netopt.agent.doctor_api import doctor_routes
 from netopt.cache.peerserve import CachedDatasets, agent_cpu_profile
-from netopt.dataplane.handlers import ServeSettings, auth_middleware
+from netopt.dataplane.handlers import STATS, ServeSettings, auth_middleware
 from netopt.dataplane.server import add_dataplane
 from netopt.webshell import json_errors
 
@@ -41,6 +41,9 @@ async def metrics(request: web.Request) -> web.Response:
     if agent.probe_server is not None:
         for outcome, count in agent.probe_server.reflector.counters.to_dict().items():
             agent.metrics.reflected.set(count, outcome)
+    served = request.app[STATS]
+    agent.metrics.served_chunks.set(served.chunk_requests.total())
+    agent.metrics.served_bytes.set(served.payload_bytes_sent)
     body = generate_latest(agent.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -87,6 +87,16 @@ class AgentMetrics:
             ["peer"],
             registry=r,
         )
+        self.served_chunks = TotalsCounter(
+            "netopt_agent_served_chunks", "Chunks this node's cache served to peers"
+        )
+        r.register(self.served_chunks)
+        self.served_bytes = TotalsCounter(
+            "netopt_agent_served_payload_bytes",
+            "Payload bytes this node's cache served to peers (in-region: bytes that did not "
+            "cross a border again)",
+        )
+        r.register(self.served_bytes)
         self.reflected = TotalsCounter(
             "netopt_agent_reflector_packets", "Reflector packets by outcome", "outcome"
         )

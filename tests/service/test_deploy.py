@@ -337,6 +337,8 @@ def _exported_names() -> set[str]:
     agent = AgentMetrics()
     agent.spool_dropped.set(1)
     agent.reflected.set(1, "answered")
+    agent.served_chunks.set(1)
+    agent.served_bytes.set(1)
     for family in (agent.rtt_p50_seconds, agent.loss_ratio, agent.loss_ratio_upper,
                    agent.goodput_bits_per_second):  # fmt: skip
         family.labels("peer").set(1)

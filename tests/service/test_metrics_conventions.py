@@ -64,6 +64,7 @@ def test_agent_and_coordinator_metrics_pass_promtool(cluster: Cluster) -> None:
     assert "netopt_agent_rtt_p50_seconds{" in agent
     assert "netopt_agent_reflector_packets_total{" in agent
     assert "netopt_agent_spool_dropped_batches_total " in agent
+    assert "netopt_agent_served_payload_bytes_total " in agent
     # The link matrix: RTT in seconds, loss with its interval and the probes behind it.
     lines = [line for line in coordinator.splitlines() if line.startswith("netopt_link_")]
     rtts = [
