@@ -140,7 +140,7 @@ async def _serve(token: str, host: str, port: int) -> dict[str, Any]:
     "rate_pps",
     type=click.FloatRange(0.1, 10_000),
     default=None,
-    help="Probes per second [default: 20].",
+    help="Probes per second [default: 30].",
 )
 @click.option(
     "--spacing",

@@ -34,7 +34,8 @@ class ProbeSettings:
     """How the agent measures its peers."""
 
     port: int = bounded(DEFAULT_PROBE_PORT, ge=1, le=65535)
-    rate_pps: float = bounded(20.0, gt=0, le=10_000)
+    rate_pps: float = bounded(30.0, gt=0, le=10_000)
+    """30 per second: a 10 s window of 300 probes sees 1% loss 95% of the time (at 20, 87%)."""
     spacing: Literal["fixed", "poisson"] = "poisson"
     padding_bytes: int = bounded(0, ge=0, le=1400)
     timeout_s: float = bounded(2.0, gt=0, le=60)

@@ -47,7 +47,7 @@ def test_agent_defaults_listen_on_loopback() -> None:
     agent = parse_settings("node: a1\nregion: hk\n", "a.yaml", "agent", env={})
     assert isinstance(agent, AgentSettings)
     assert agent.listen.host == "127.0.0.1"
-    assert agent.probe.rate_pps == 20.0
+    assert agent.probe.rate_pps == 30.0
 
 
 def test_byte_sizes() -> None:
