@@ -30,7 +30,6 @@ __all__ = [
     "chunk_bytes",
     "chunk_file",
     "chunk_id",
-    "compiled_chunker_in_use",
 ]
 
 DEFAULT_AVG_CHUNK_BYTES = 1024 * 1024
@@ -49,12 +48,6 @@ class ChunkRef:
 def chunk_id(data: bytes | bytearray | memoryview) -> str:
     """The BLAKE3 hex digest that names a chunk."""
     return blake3.blake3(data).hexdigest()
-
-
-def compiled_chunker_in_use() -> bool:
-    """True when the FastCDC in use is pyfastcdc's compiled Cython extension."""
-    module: str = FastCDC.__module__
-    return module.startswith("pyfastcdc.cy")
 
 
 def _chunker(avg_chunk_bytes: int) -> FastCDC:

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from netopt.errors import ValidationError
+
 __all__ = [
     "Catalogue",
     "CatalogueError",
@@ -48,7 +50,7 @@ MAX_CHUNKS = 1 << 24
 """Chunks per dataset version the catalogue accepts (16 Mi: 64 TiB at 4 MiB chunks)."""
 
 
-class CatalogueError(ValueError):
+class CatalogueError(ValidationError):
     """A request that contradicts the catalogue (bad chunk index, wrong chunk count)."""
 
 

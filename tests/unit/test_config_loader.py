@@ -29,8 +29,14 @@ def test_there_are_examples() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_example_loads(path: Path) -> None:
+    import yaml
+
+    from netopt.config import LinksSettings
+
+    kinds = {"agent": AgentSettings, "coordinator": CoordinatorSettings, "lab": LabTopology,
+             "datasets": DatasetsSettings, "links": LinksSettings}  # fmt: skip
     settings = load_settings(path, env={})
-    assert settings is not None
+    assert isinstance(settings, kinds[yaml.safe_load(path.read_text())["kind"]])
 
 
 def test_two_region_example_holds_the_issue_figures() -> None:
