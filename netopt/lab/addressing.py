@@ -30,7 +30,7 @@ __all__ = [
     "PREFIX_RE",
     "LabPlan",
     "LinkPlan",
-    "NodePlan",
+    "NodeAddresses",
     "RegionPlan",
     "ground_truth_rtt_ms",
     "hosts_file_text",
@@ -55,7 +55,7 @@ def needs_emulation(shape: LinkShape) -> bool:
 
 
 @dataclass(frozen=True)
-class NodePlan:
+class NodeAddresses:
     """One node: its namespace, interface and address."""
 
     name: str
@@ -107,11 +107,11 @@ class LabPlan:
 
     prefix: str
     topology: LabTopology
-    nodes: tuple[NodePlan, ...]
+    nodes: tuple[NodeAddresses, ...]
     regions: tuple[RegionPlan, ...]
     links: tuple[LinkPlan, ...]
 
-    def node(self, name: str) -> NodePlan:
+    def node(self, name: str) -> NodeAddresses:
         """The plan of node ``name``; ValidationError naming the known nodes if unknown."""
         for node in self.nodes:
             if node.name == name:
@@ -163,7 +163,7 @@ def plan_lab(topology: LabTopology, prefix: str) -> LabPlan:
             expected=f"at most {max_regions} regions (one /24 each)",
         )
     regions: list[RegionPlan] = []
-    nodes: list[NodePlan] = []
+    nodes: list[NodeAddresses] = []
     for i, (name, spec) in enumerate(topology.regions.items()):
         if len(spec.nodes) > MAX_NODES_PER_REGION:
             raise ConfigError(
@@ -185,7 +185,7 @@ def plan_lab(topology: LabTopology, prefix: str) -> LabPlan:
         )
         for j, node in enumerate(spec.nodes):
             nodes.append(
-                NodePlan(
+                NodeAddresses(
                     name=node,
                     region=name,
                     index=j,
