@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field, replace
@@ -151,29 +152,53 @@ def check_space(cache_dir: Path, dest: Path, plan: SyncPlan) -> None:
             )
 
 
+def _stale_of(name: str) -> str | None:
+    """The file a leftover temporary name (``.NAME.TOKEN.netopt-tmp``) belongs to, or None."""
+    if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+        return None
+    stem = name[1 : -len(_TMP_SUFFIX)]
+    return stem.rpartition(".")[0] or None
+
+
+_TMP_SUFFIX = ".netopt-tmp"
+
+
 def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
     """(size, mtime_ns) of the manifest's regular files present in DEST; removes leftovers
-    (``*.netopt-tmp``) of an interrupted sync."""
+    (``*.netopt-tmp``) of an interrupted sync.
+
+    Each directory is listed once (``scandir``) for all of its files: a glob and two
+    stats per file made a re-sync of a tree of many small files cost O(files x dir size).
+    """
     out: dict[str, tuple[int, int]] = {}
     if not dest.is_dir():
         return out
     dest_real = dest.resolve()
-    inside: dict[Path, bool] = {}
+    by_dir: dict[Path, dict[str, str]] = {}
     for entry in manifest.files:
         target = dest / entry.path
-        if target.parent not in inside:
-            real = target.parent.resolve()
-            inside[target.parent] = real == dest_real or dest_real in real.parents
-        if not inside[target.parent]:
+        by_dir.setdefault(target.parent, {})[target.name] = entry.path
+    for parent, names in by_dir.items():
+        real = parent.resolve()
+        if real != dest_real and dest_real not in real.parents:
             continue  # a symlink in DEST leads outside: touch nothing there (the sync refuses it)
         try:
-            for stale in target.parent.glob(f".{target.name}.*.netopt-tmp"):
-                stale.unlink(missing_ok=True)
-            st = target.lstat()
+            with os.scandir(parent) as listing:
+                for item in listing:
+                    owner = _stale_of(item.name)
+                    if owner is not None and owner in names:
+                        with contextlib.suppress(OSError):
+                            os.unlink(item.path)
+                        continue
+                    path = names.get(item.name)
+                    if path is None:
+                        continue
+                    with contextlib.suppress(OSError):
+                        st = item.stat(follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
+                            out[path] = (st.st_size, st.st_mtime_ns)
         except OSError:
-            continue
-        if target.is_file() and not target.is_symlink():
-            out[entry.path] = (st.st_size, st.st_mtime_ns)
+            continue  # not there yet (or not a directory): nothing of it is present
     return out
 
 
