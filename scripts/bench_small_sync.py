@@ -7,7 +7,9 @@ Builds the lab in --topology (default configs/lab/bench-limit.yaml: hk <-> us, 8
 140 ms RTT, 1% loss), serves a 1 MB dataset (--files files cut from the venv's real
 ``.py`` text; one file by default) with ``netopt serve`` on us-1 and runs ``netopt sync``
 on hk-1 --runs times, each into an empty DEST and an empty cache. The time is the wall
-clock of the whole command (interpreter start-up included). Prints a table (each run,
+clock of the whole command (interpreter start-up included); the JSON keeps each run's
+``NETOPT_TRACE`` marks (seconds since the command was launched) to show where it went.
+Prints a table (each run,
 the median, the goal and the share of it) and writes JSON.
 """
 
@@ -71,13 +73,20 @@ def one_sync(lab: Lab, url: str, work: Path, timeout_s: float) -> dict[str, Any]
     argv = [sys.executable, "-m", "netopt", "sync", url, str(dest), "--cache-dir", str(cache),
             "--json"]  # fmt: skip
     started_s = time.monotonic()
-    proc = lab.popen("hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trace_path = work / "trace.json"
+    trace_path.unlink(missing_ok=True)
+    env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
+    proc = lab.popen(
+        "hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     out, err = proc.communicate(timeout=timeout_s)
     wall_s = time.monotonic() - started_s
     if proc.returncode != 0:
         raise SystemExit(f"netopt sync exited {proc.returncode}: {err.strip()[-1000:]}")
     report = json.loads(out)
-    return {"wall_s": round(wall_s, 3), "sync_s": round(report["seconds"], 3),
+    raw = json.loads(trace_path.read_text()).get("marks", {}) if trace_path.exists() else {}
+    marks = {name: round(at_s - started_s, 3) for name, at_s in raw.items()}  # one clock
+    return {"marks": marks, "wall_s": round(wall_s, 3), "sync_s": round(report["seconds"], 3),
             "files_written": report["files_written"],
             "chunks_fetched": report["chunks_fetched"]}  # fmt: skip
 
