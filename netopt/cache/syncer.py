@@ -25,6 +25,7 @@ from netopt.cache.residency import check_residency, find_spec
 from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource
 from netopt.dataplane.httpsource import ClientOptions, HttpChunkSource
 from netopt.dataplane.sync import sync_manifest
@@ -409,7 +410,7 @@ async def _run_sync_once(
             if not req.dry_run:
                 await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
                 summary, evicted, shared = await _sync_into_cache(req, opened, cache, on_progress)
-                await _check_still_current(opened)
+                await _check_still_current(opened, req.sharing is not None)
         except BaseException:
             # Keep the first error (a full disk also fails the index write).
             with contextlib.suppress(StorageError):
@@ -439,11 +440,17 @@ def _levels_over_time(source: ChunkSource) -> list[dict[str, float | int]] | Non
     return adapter.to_list() if adapter is not None else None
 
 
-async def _check_still_current(opened: OpenedSource) -> None:
+async def _check_still_current(opened: OpenedSource, sharing: bool) -> None:
     """DatasetChangedError when a served origin moved on while DEST was being written
-    (DEST then holds the older version whole; the restart brings the delta)."""
+    (DEST then holds the older version whole; the restart brings the delta). With region
+    sharing (chunks from peers too, maybe after the origin's last stream) it always asks."""
     source = opened.source
     if not isinstance(source, HttpChunkSource):
+        return
+    if not sharing and source.version_at_end() == opened.manifest.manifest_id:
+        # Every chunk came over streams whose server named this version after its last
+        # read: the check rode on their ends, no request (a round trip) needed.
+        trace.count("version_check_on_stream_end")
         return
     info = await source.fetch_info()
     if info.manifest_id != opened.manifest.manifest_id:

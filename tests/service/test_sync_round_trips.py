@@ -1,8 +1,8 @@
 """The round trips of a small sync, counted on a real server: ``netopt sync`` of a 1.3 MB
 dataset asks for the info and the manifest together, then its chunks over at most a
-stream per data connection (no request per file or per chunk), then the info once more
-after every chunk has arrived (the live-origin check); nothing else. Counted from the
-requests the server saw, not timed."""
+stream per data connection (no request per file or per chunk); the live-origin check
+rides on the streams' ends (the server names the version after its last read), so no
+info request follows. Counted from the requests the server saw, not timed."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ async def _sync(port: int, dest: Path, cache: Path) -> dict[str, object]:
     return report
 
 
-async def test_a_small_sync_takes_three_request_rounds(tmp_path: Path) -> None:
+async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     files = make_dataset(tmp_path / "src")
     seen: list[Seen] = []
     runner, port = await _serve(tmp_path / "src", seen)
@@ -79,7 +79,7 @@ async def test_a_small_sync_takes_three_request_rounds(tmp_path: Path) -> None:
         await runner.cleanup()
     routes = [s.route for s in first]
     assert routes.count("manifest") == 1, routes
-    assert routes.count("info") == 2, routes  # the first, and the check after the chunks
+    assert routes.count("info") == 1, routes  # no version-check request after the chunks
     assert not {"chunks", "batch"} & set(routes), routes  # no request per chunk or file
     streams = [s for s in first if s.route == "stream"]
     assert 1 <= len(streams) <= 4, routes  # at most one per warm data connection
@@ -89,12 +89,9 @@ async def test_a_small_sync_takes_three_request_rounds(tmp_path: Path) -> None:
     # Round 2: the streams, asked only once the manifest was there.
     manifest = next(s for s in first if s.route == "manifest")
     assert all(s.started_s >= manifest.ended_s for s in streams)
-    # Round 3: the version check, only once every stream had ended (a sync never reports
-    # success with bytes the origin no longer has).
-    final = first[-1]
-    assert final.route == "info"
-    assert final.started_s >= max(s.ended_s for s in streams)
+    # No round 3: the streams are the last requests (their end frames carried the version).
+    assert all(s.route == "stream" for s in first[len(first) - len(streams) :]), routes
     assert report["files_written"] == len(files)
-    # A sync with nothing to do: info and manifest only (and the check).
+    # A sync with nothing to fetch: info and manifest, and the check (no stream carried it).
     assert sorted(s.route for s in seen) == ["info", "info", "manifest"]
     assert again["files_written"] == 0
