@@ -5,8 +5,10 @@
 
 Kinds (each a directory under ROOT/KIND; ``--size-mb`` MB each unless said):
 
-- ``packages``: whole installed packages copied from this venv's site-packages
-  (.py, .so, data), in name order, until the size is reached.
+- ``packages``: installed packages copied from this venv's site-packages
+  (.py, .so, data), in name order, until the size is reached, each without its
+  files over ``--packages-max-file-kb`` (1 MiB): about 8,000 files for 100 MB,
+  a tree like a real install rather than a few hundred huge libraries.
 - ``images``: the real JPEG/PNG files found under /usr, site-packages and the
   standard library (deduplicated); when they hold fewer MB than asked, real
   images re-encoded with Pillow at other sizes and JPEG qualities make up the
@@ -232,23 +234,43 @@ def real_text(limit_bytes: int) -> Iterator[str]:
 # ------------------------------------------------------------------ builders
 
 
-def build_packages(dest: Path, size_bytes: int) -> tuple[int, str]:
-    """Whole top-level entries of site-packages in name order while they fit."""
-    site, total, files, taken = site_packages(), 0, 0, 0
+PACKAGES_MAX_FILE_BYTES = 1 << 20
+"""The packages kind leaves out files over this (a few huge shared libraries would otherwise
+make 100 MB of a few hundred files, not a tree of thousands like a real install)."""
+
+
+def package_files(parts: Sequence[Path], max_file_bytes: int) -> tuple[list[Path], int]:
+    """The files of one package to copy (no .pyc, none over ``max_file_bytes``) and how
+    many were left out for their size."""
+    kept = [p for p in parts if not p.name.endswith(".pyc")]
+    small = [p for p in kept if p.stat().st_size <= max_file_bytes]
+    return small, len(kept) - len(small)
+
+
+def build_packages(
+    dest: Path, size_bytes: int, max_file_bytes: int = PACKAGES_MAX_FILE_BYTES
+) -> tuple[int, str]:
+    """Top-level entries of site-packages in name order while they fit, each without its
+    files over ``max_file_bytes``."""
+    site, total, files, taken, too_big = site_packages(), 0, 0, 0, 0
     for entry in sorted(site.iterdir()):
         if entry.name == "__pycache__" or entry.is_symlink() or total >= size_bytes:
             continue
-        parts = [entry] if entry.is_file() else list(walk_files([entry], ("",)))
-        parts = [p for p in parts if not p.name.endswith(".pyc")]
+        found = [entry] if entry.is_file() else list(walk_files([entry], ("",)))
+        parts, left_out = package_files(found, max_file_bytes)
         size = sum(p.stat().st_size for p in parts)
-        if total + size > size_bytes * 1.1:
+        if not parts or total + size > size_bytes * 1.1:
             continue  # too big for what is left: a smaller package may fit
         for path in parts:
             target = dest / path.relative_to(site)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
         total, files, taken = total + size, files + len(parts), taken + 1
-    return files, f"{taken} top-level entries of {site}"
+        too_big += left_out
+    return files, (
+        f"{taken} top-level entries of {site}, without their {too_big} files over "
+        f"{max_file_bytes // 1024} KiB"
+    )
 
 
 def build_images(dest: Path, size_bytes: int) -> tuple[int, str]:
@@ -435,7 +457,7 @@ def build_kind(root: Path, kind: str, size_mb: int, options: dict[str, Any]) -> 
     size = size_mb * 1_000_000
     start = time.monotonic()
     files, notes = {
-        "packages": lambda: build_packages(dest, size),
+        "packages": lambda: build_packages(dest, size, options["packages_max_file_kb"] * 1024),
         "images": lambda: build_images(dest, size),
         "parquet": lambda: build_parquet(dest, size, options["parquet_compression"]),
         "tokens": lambda: build_tokens(dest, size),
@@ -456,6 +478,7 @@ def build_corpus(
     size_mb: int,
     *,
     smallfiles_count: int = 100_000,
+    packages_max_file_kb: int = PACKAGES_MAX_FILE_BYTES // 1024,
     levels: Sequence[int] = RATIO_LEVELS,
     parquet_compression: str = "snappy",
 ) -> dict[str, KindInfo]:
@@ -465,6 +488,7 @@ def build_corpus(
         raise ValueError(f"unknown corpus kinds {unknown}; known: {', '.join(KINDS)}")
     root.mkdir(parents=True, exist_ok=True)
     options = {"size_mb": size_mb, "smallfiles_count": smallfiles_count,
+               "packages_max_file_kb": packages_max_file_kb,
                "levels": list(levels), "parquet_compression": parquet_compression}  # fmt: skip
     manifest_path = root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -502,6 +526,10 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--size-mb", type=int, default=200)
     parser.add_argument("--smallfiles-count", type=int, default=100_000)
+    parser.add_argument(
+        "--packages-max-file-kb", type=int, default=PACKAGES_MAX_FILE_BYTES // 1024,
+        help="the packages kind leaves out files over this many KiB",
+    )  # fmt: skip
     parser.add_argument("--ratio-levels", default=",".join(map(str, RATIO_LEVELS)))
     parser.add_argument("--parquet-compression", default="snappy", choices=("snappy", "zstd"))
     args = parser.parse_args()
@@ -509,6 +537,7 @@ def main() -> int:
         infos = build_corpus(
             args.root, [k for k in args.kinds.split(",") if k], args.size_mb,
             smallfiles_count=args.smallfiles_count,
+            packages_max_file_kb=args.packages_max_file_kb,
             levels=[int(x) for x in args.ratio_levels.split(",")],
             parquet_compression=args.parquet_compression,
         )  # fmt: skip

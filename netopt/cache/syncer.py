@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from netopt.cache.residency import check_residency, find_spec
 from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
 from netopt.cache.store import Cache
 from netopt.config.datasets import DatasetsSettings
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource
 from netopt.dataplane.httpsource import ClientOptions, HttpChunkSource
 from netopt.dataplane.sync import sync_manifest
@@ -151,29 +153,53 @@ def check_space(cache_dir: Path, dest: Path, plan: SyncPlan) -> None:
             )
 
 
+def _stale_of(name: str) -> str | None:
+    """The file a leftover temporary name (``.NAME.TOKEN.netopt-tmp``) belongs to, or None."""
+    if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+        return None
+    stem = name[1 : -len(_TMP_SUFFIX)]
+    return stem.rpartition(".")[0] or None
+
+
+_TMP_SUFFIX = ".netopt-tmp"
+
+
 def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
     """(size, mtime_ns) of the manifest's regular files present in DEST; removes leftovers
-    (``*.netopt-tmp``) of an interrupted sync."""
+    (``*.netopt-tmp``) of an interrupted sync.
+
+    Each directory is listed once (``scandir``) for all of its files: a glob and two
+    stats per file made a re-sync of a tree of many small files cost O(files x dir size).
+    """
     out: dict[str, tuple[int, int]] = {}
     if not dest.is_dir():
         return out
     dest_real = dest.resolve()
-    inside: dict[Path, bool] = {}
+    by_dir: dict[Path, dict[str, str]] = {}
     for entry in manifest.files:
         target = dest / entry.path
-        if target.parent not in inside:
-            real = target.parent.resolve()
-            inside[target.parent] = real == dest_real or dest_real in real.parents
-        if not inside[target.parent]:
+        by_dir.setdefault(target.parent, {})[target.name] = entry.path
+    for parent, names in by_dir.items():
+        real = parent.resolve()
+        if real != dest_real and dest_real not in real.parents:
             continue  # a symlink in DEST leads outside: touch nothing there (the sync refuses it)
         try:
-            for stale in target.parent.glob(f".{target.name}.*.netopt-tmp"):
-                stale.unlink(missing_ok=True)
-            st = target.lstat()
+            with os.scandir(parent) as listing:
+                for item in listing:
+                    owner = _stale_of(item.name)
+                    if owner is not None and owner in names:
+                        with contextlib.suppress(OSError):
+                            os.unlink(item.path)
+                        continue
+                    path = names.get(item.name)
+                    if path is None:
+                        continue
+                    with contextlib.suppress(OSError):
+                        st = item.stat(follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
+                            out[path] = (st.st_size, st.st_mtime_ns)
         except OSError:
-            continue
-        if target.is_file() and not target.is_symlink():
-            out[entry.path] = (st.st_size, st.st_mtime_ns)
+            continue  # not there yet (or not a directory): nothing of it is present
     return out
 
 
@@ -384,7 +410,7 @@ async def _run_sync_once(
             if not req.dry_run:
                 await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
                 summary, evicted, shared = await _sync_into_cache(req, opened, cache, on_progress)
-                await _check_still_current(opened)
+                await _check_still_current(opened, req.sharing is not None)
         except BaseException:
             # Keep the first error (a full disk also fails the index write).
             with contextlib.suppress(StorageError):
@@ -414,11 +440,17 @@ def _levels_over_time(source: ChunkSource) -> list[dict[str, float | int]] | Non
     return adapter.to_list() if adapter is not None else None
 
 
-async def _check_still_current(opened: OpenedSource) -> None:
+async def _check_still_current(opened: OpenedSource, sharing: bool) -> None:
     """DatasetChangedError when a served origin moved on while DEST was being written
-    (DEST then holds the older version whole; the restart brings the delta)."""
+    (DEST then holds the older version whole; the restart brings the delta). With region
+    sharing (chunks from peers too, maybe after the origin's last stream) it always asks."""
     source = opened.source
     if not isinstance(source, HttpChunkSource):
+        return
+    if not sharing and source.version_at_end() == opened.manifest.manifest_id:
+        # Every chunk came over streams whose server named this version after its last
+        # read: the check rode on their ends, no request (a round trip) needed.
+        trace.count("version_check_on_stream_end")
         return
     info = await source.fetch_info()
     if info.manifest_id != opened.manifest.manifest_id:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
 import os
 import secrets
+import stat
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Set
 from pathlib import Path
@@ -78,8 +80,14 @@ def _write(f: IO[bytes], data: bytes, writeback: bool) -> None:
         _start_writeback(f.fileno(), offset_bytes, len(data))
 
 
+_TMP_PREFIX = secrets.token_hex(4)
+_tmp_serial = itertools.count()
+
+
 def _tmp_name(target: Path) -> Path:
-    return target.with_name(f".{target.name}.{secrets.token_hex(4)}.netopt-tmp")
+    """A fresh temporary name beside ``target``: one random prefix per process and a
+    serial (a random token per file cost a ``getrandom`` call each, 20,000 for a tree)."""
+    return target.with_name(f".{target.name}.{_TMP_PREFIX}{next(_tmp_serial):x}.netopt-tmp")
 
 
 def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry, flusher: BatchFlusher) -> None:
@@ -90,6 +98,33 @@ def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry, flusher: Ba
     f.close()
     with trace.timed("file_handover"):
         flusher.add(tmp, target, entry.size_bytes, dev, mode=entry.mode, mtime_ns=entry.mtime_ns)
+
+
+WHOLE_FILE_BYTES = WRITEBACK_FROM_BYTES
+"""A file up to this size whose chunks are all in the sink when its writer first runs is
+written in one go on a worker thread (create, write, close, hand over): one thread hop
+per file instead of an open on the loop and a hop per chunk plus one to finish."""
+
+
+def _write_whole(
+    tmp: Path, parts: list[bytes], target: Path, entry: FileEntry, flusher: BatchFlusher
+) -> None:
+    """Create ``tmp`` with ``parts`` and hand it to ``flusher``; on failure ``tmp`` is gone.
+
+    The handle never outlives this call, so a cancelled writer leaks nothing: the file is
+    either handed over whole or removed here (the flusher refuses it once closed)."""
+    try:
+        with tmp.open("xb") as f:
+            for data in parts:
+                f.write(data)
+            dev = os.fstat(f.fileno()).st_dev
+        with trace.timed("file_handover"):
+            flusher.add(
+                tmp, target, entry.size_bytes, dev, mode=entry.mode, mtime_ns=entry.mtime_ns
+            )
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _discard(f: IO[bytes] | None, tmp: Path | None) -> None:
@@ -238,10 +273,32 @@ class FileAssembler:
         finally:
             self._running = False
 
+    def _whole_now(self) -> bool:
+        return self.entry.size_bytes <= WHOLE_FILE_BYTES and all(
+            ref.chunk_id in self.available for ref in self.entry.chunks
+        )
+
+    async def _write_whole(self) -> bool:
+        """Write the whole small file at once (see `WHOLE_FILE_BYTES`); False (no handle)."""
+        parts = [await self._chunk(ref.chunk_id) for ref in self.entry.chunks]
+        tmp = self._tmp = _tmp_name(self.target)
+        try:
+            with trace.timed("file_write_await"):
+                await self._run(_write_whole, tmp, parts, self.target, self.entry, self._flusher)
+        except OSError as exc:
+            raise StorageError(f"cannot write {self.target}: {exc}") from exc
+        self._next = len(self.entry.chunks)
+        self.done = True
+        trace.mark_last("files_written")
+        self._on_done(self.entry)
+        return False
+
     async def _write_available(self) -> bool:
         """Append the chunks in the sink, finish the file if that was the last; True when
         the handle stays open for the next chunk."""
         chunks = self.entry.chunks
+        if self._tmp is None and self._whole_now():
+            return await self._write_whole()
         try:
             f = self._file or self._open()
             while self._next < len(chunks) and chunks[self._next].chunk_id in self.available:
@@ -274,7 +331,11 @@ def _up_to_date(target: Path, entry: FileEntry) -> bool:
         st = target.lstat()
     except OSError:
         return False
-    return target.is_file() and st.st_size == entry.size_bytes and st.st_mtime_ns == entry.mtime_ns
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_size == entry.size_bytes
+        and st.st_mtime_ns == entry.mtime_ns
+    )
 
 
 def _safe_target(dest_real: Path, entry: FileEntry, parents: dict[Path, Path]) -> Path:

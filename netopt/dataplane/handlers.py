@@ -27,6 +27,7 @@ from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
 from netopt.dataplane.limits import MAX_STREAM_NAMES_QUEUED, STREAM_NAME_LINE_BYTES
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
+from netopt.dataplane.streaming import end_frame
 from netopt.errors import (
     DatasetChangedError,
     IntegrityError,
@@ -407,6 +408,14 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved: nobody will send this chunk now
             future.cancel()
+    try:
+        # After every chunk of this stream was read: the version current now, so a
+        # client whose chunks all came this way needs no version-check request.
+        fresh = await _fresh_dataset(request)
+    except web.HTTPException:
+        pass  # no end frame: the client asks for the info instead
+    else:
+        await resp.write(end_frame(fresh.manifest.manifest_id))
     await resp.write_eof()
     return resp
 

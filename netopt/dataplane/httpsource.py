@@ -173,6 +173,8 @@ class HttpChunkSource:
         self.options = options
         self.zstd_level = zstd_level
         self.wire_bytes = 0
+        self._stream_versions: list[str | None] = []
+        self._other_routes = False
         self._bucket = (
             TokenBucket(options.rate_limit_bps / 8) if options.rate_limit_bps is not None else None
         )
@@ -324,6 +326,21 @@ class HttpChunkSource:
             self._read_exactly,
         )
 
+    def stream_closed(self, stream: HttpChunkStream) -> None:
+        """Note what a closed stream that delivered chunks saw at its end."""
+        if stream.frames_read:
+            self._stream_versions.append(stream.end_version)
+
+    def version_at_end(self) -> str | None:
+        """The dataset version the server named after its last chunk read, when every
+        chunk came over streams that each ended with the server naming that same version
+        (`netopt.dataplane.streaming.end_frame`); None otherwise (a stream cut or broken,
+        a chunk by another route, an older server, nothing fetched)."""
+        seen = set(self._stream_versions)
+        if self._other_routes or len(seen) != 1:
+            return None
+        return seen.pop()
+
     def asked(self, chunk_id: str, level: int) -> None:
         """``chunk_id`` was asked for at ``level`` (for the adapter's windows)."""
         if self.adapter is not None:
@@ -377,6 +394,7 @@ class HttpChunkSource:
         session = self._require_session()
         path = f"/v1/datasets/{self.url.name}/batch"
         where = f"{self.url} ({self.url.base}{path})"
+        self._other_routes = True  # no end frame on this route (see version_at_end)
         level = self.zstd_level or 0
         params = {"level": str(level)}
         body = {"chunks": [cid for cid, _ in wanted]}
@@ -498,6 +516,7 @@ class HttpChunkSource:
         return self.manifest_from_doc(doc)
 
     async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        self._other_routes = True
         path = f"/v1/datasets/{self.url.name}/chunks/{chunk_id}"
         params = {"level": str(self.zstd_level or 0)}
         body, codec = await self._get(path, max_frame_bytes(length_bytes), params)
@@ -530,3 +549,9 @@ class _LevelledStream(HttpChunkStream):
         raw = await super().next(chunk_id, length_bytes)
         self._source.arrived(chunk_id, raw, length_bytes)
         return raw
+
+    async def aclose(self, *, complete: bool = True) -> None:
+        try:
+            await super().aclose(complete=complete)
+        finally:
+            self._source.stream_closed(self)

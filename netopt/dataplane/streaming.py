@@ -11,6 +11,7 @@ connections finish within about a chunk of each other.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -20,7 +21,31 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import FRAME_HEADER, RawChunk, max_frame_bytes, parse_frame_header
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError
 
-__all__ = ["ChunkStream", "HttpChunkStream", "StreamingSource", "map_errors", "read_frame"]
+__all__ = [
+    "ChunkStream",
+    "HttpChunkStream",
+    "StreamingSource",
+    "end_frame",
+    "map_errors",
+    "parse_end_frame",
+    "read_frame",
+]
+
+END_MARK = b"NETOPT-END "
+_END_FRAME = re.compile(rb"NETOPT-END ([0-9a-f]{64})\n")
+
+
+def end_frame(manifest_id: str) -> bytes:
+    """What a server's stream response ends with once the client's names ended: the
+    dataset version current *after* every chunk of the stream was read. A client that
+    does not know it discards it with the rest of the response's end."""
+    return END_MARK + manifest_id.encode("ascii") + b"\n"
+
+
+def parse_end_frame(tail: bytes) -> str | None:
+    """The version an end frame names; None for anything else (an older server)."""
+    match = _END_FRAME.fullmatch(tail)
+    return match[1].decode("ascii") if match else None
 
 
 class ChunkStream(Protocol):
@@ -81,6 +106,10 @@ class HttpChunkStream:
         self._resp: aiohttp.ClientResponse | None = None
         self._ended = False
         self._broken = False
+        self.frames_read = 0
+        """Frames read whole off this stream."""
+        self.end_version: str | None = None
+        """The version the server's end frame named (a stream closed complete); else None."""
 
     async def _body(self) -> AsyncIterator[bytes]:
         while True:
@@ -113,9 +142,11 @@ class HttpChunkStream:
                 self._ctx = self._session.post(self._url, params=self._params, data=self._body())
                 self._resp = await self._ctx.__aenter__()
                 await self._check_status(self._resp, self._where)
-            return await read_frame(
+            raw = await read_frame(
                 self._resp, self._read_exactly, chunk_id, length_bytes, self._where
             )
+            self.frames_read += 1
+            return raw
         except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
             self._broken = True
             raise map_errors(exc, self._where, self._unreachable) from exc
@@ -135,7 +166,8 @@ class HttpChunkStream:
             if not self._broken:
                 # Read the end of the response so the connection goes back to the pool:
                 # a few bytes at most (the frames asked for were all read).
-                await asyncio.wait_for(_drain(resp, _DRAIN_MAX_BYTES), timeout=5.0)
+                tail = await asyncio.wait_for(_drain(resp, _DRAIN_MAX_BYTES), timeout=5.0)
+                self.end_version = parse_end_frame(tail) if tail is not None else None
         except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError):
             resp.close()
         finally:
@@ -147,15 +179,18 @@ class HttpChunkStream:
 _DRAIN_MAX_BYTES = 64 * 1024
 
 
-async def _drain(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
-    """Read ``resp`` to its end, discarding; a response that goes on past ``max_bytes``
-    is closed instead (its connection is not reused)."""
+async def _drain(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
+    """Read ``resp`` to its end and return what was left; a response that goes on past
+    ``max_bytes`` is closed instead (its connection is not reused) and None returned."""
     left = max_bytes
+    parts: list[bytes] = []
     while piece := await resp.content.read(min(left, 16 * 1024) or 1):
+        parts.append(piece)
         left -= len(piece)
         if left <= 0:
             resp.close()
-            return
+            return None
+    return b"".join(parts)
 
 
 async def read_frame(

@@ -41,11 +41,22 @@ class Asked(deque[str]):
         super().__init__()
         self.frames = 0
         """Frames that arrived on this stream."""
+        self.asked_bytes = 0
+        """Logical bytes of the chunks asked for and not yet arrived (kept as they change:
+        summing them per frame costs O(chunks ahead), thousands for a tree of small files)."""
         self.last_frame_s = time.monotonic()
         self.frame_interval_s = 0.0
         """Smoothed seconds between frames (0 until two have arrived)."""
 
-    def arrived(self) -> None:
+    def ask(self, chunk_id: str, length_bytes: int) -> None:
+        """Note ``chunk_id`` (of ``length_bytes``) as asked for, last."""
+        self.append(chunk_id)
+        self.asked_bytes += length_bytes
+
+    def arrived(self, length_bytes: int) -> None:
+        """The oldest chunk asked for (of ``length_bytes``) arrived: drop it, time it."""
+        self.popleft()
+        self.asked_bytes -= length_bytes
         now_s = time.monotonic()
         gap_s = now_s - self.last_frame_s
         self.frame_interval_s = (
@@ -66,7 +77,7 @@ class Asked(deque[str]):
         return current_left_s + position * per_frame_s
 
 
-def _top_up(run: SyncRun, stream: ChunkStream, asked: deque[str]) -> None:
+def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> None:
     """Name chunks on ``stream`` until it has asked for `stream_ahead_bytes` of wire (and
     for at least two chunks: one arriving, one the server prepares).
 
@@ -74,27 +85,25 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: deque[str]) -> None:
     another stream has asked for but not started receiving, and whichever copy arrives
     first is used (see `_steal`).
     """
-    asked_bytes = sum(run.lengths[cid] for cid in asked)
     ratio = run.fetched_logical_bytes / run.wire_bytes if run.wire_bytes else 1.0
     ahead_bytes = run.options.stream_ahead_bytes * max(1.0, ratio)
-    while run.queue and (len(asked) < 2 or asked_bytes < ahead_bytes):
+    while run.queue and (len(asked) < 2 or asked.asked_bytes < ahead_bytes):
         chunk_id = run.queue.popleft()
         length = run.lengths[chunk_id]
         run.queued_bytes -= length
         if chunk_id in run.claimed:
             continue  # another stream's copy arrived meanwhile
-        asked.append(chunk_id)
-        asked_bytes += length
+        asked.ask(chunk_id, length)
         stream.ask(chunk_id)
     if not asked and not run.queue:
         stolen = _steal(run, asked)
         if stolen is not None:
-            asked.append(stolen)
+            asked.ask(stolen, run.lengths[stolen])
             stream.ask(stolen)
             trace.count("tail_steals")
 
 
-def _lagging(run: SyncRun, mine: deque[str] | None) -> bool:
+def _lagging(run: SyncRun, mine: Asked | None) -> bool:
     """True while the queue is empty and another stream has a chunk queued behind the
     one it is receiving, not yet arrived anywhere (one this stream might take over)."""
     if run.queue:
@@ -105,7 +114,7 @@ def _lagging(run: SyncRun, mine: deque[str] | None) -> bool:
     )
 
 
-def _steal(run: SyncRun, mine: deque[str] | None) -> str | None:
+def _steal(run: SyncRun, mine: Asked | None) -> str | None:
     """The last-queued chunk of the most loaded other stream that has not started
     arriving there, that no other stream has asked for too, and that is expected there
     later than `SyncOptions.steal_after_s` from now; None if there is none."""
@@ -117,7 +126,7 @@ def _steal(run: SyncRun, mine: deque[str] | None) -> str | None:
     for other in run.asking:
         if other is mine or len(other) < 2:
             continue
-        load_bytes = sum(run.lengths[cid] for cid in other)
+        load_bytes = other.asked_bytes
         candidate = other[-1]
         if candidate in run.claimed or asked_anywhere[candidate] > 1:
             continue
@@ -162,8 +171,7 @@ async def _run_stream(
                 break
             chunk_id = asked[0]
             raw = await stream.next(chunk_id, run.lengths[chunk_id])
-            asked.popleft()
-            asked.arrived()
+            asked.arrived(run.lengths[chunk_id])
             run.wire_bytes += raw.wire_bytes
             if chunk_id in run.claimed:
                 run.duplicate_wire_bytes += raw.wire_bytes

@@ -250,3 +250,29 @@ async def test_a_file_added_with_an_unservable_name_is_left_out(tmp_path: Path) 
     finally:
         await runner.cleanup()  # type: ignore[attr-defined]
         live.close()
+
+
+async def test_a_change_after_the_last_chunk_read_is_still_caught(tmp_path: Path) -> None:
+    # The version check rides on the streams' end frames: a change made once every chunk
+    # has arrived, before the streams end, must still restart the sync, never succeed.
+    src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
+    _write_tree(src, seed=1, files=24)
+    live, runner, port = await _serve(src)
+    changed: list[int] = []
+
+    def change_after_the_last_chunk(progress: SyncProgress) -> None:
+        if not changed and progress.chunks_done == progress.chunks_total:
+            changed.append(progress.chunks_done)
+            (src / "top.txt").write_bytes(b"changed after the last read\n")
+
+    try:
+        url = f"netopt://127.0.0.1:{port}/{NAME}"
+        req = request(url, dest, cache, source_options=served_options(TOKEN, CPU))
+        report = await run_sync(req, on_progress=change_after_the_last_chunk)
+        assert changed
+        assert report.version_restarts == 1
+        assert tree(dest) == tree(src)
+        assert report.manifest_id == build_manifest(src, NAME, CHUNK_BYTES).manifest_id
+    finally:
+        await runner.cleanup()  # type: ignore[attr-defined]
+        live.close()

@@ -107,3 +107,20 @@ def test_kind_info_best_and_incompressible(tmp_path: Path) -> None:
 def test_build_corpus_refuses_unknown_kinds(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown corpus kinds"):
         corpus.build_corpus(tmp_path, ["jsonl", "videos"], 1)
+
+
+def test_package_files_leave_out_pyc_and_files_over_the_cap(tmp_path: Path) -> None:
+    sizes = {"a.py": 100, "b.so": 5000, "c.pyc": 10, "d.dat": 2048}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+    kept, left_out = corpus.package_files(sorted(tmp_path.iterdir()), max_file_bytes=2048)
+    assert [p.name for p in kept] == ["a.py", "d.dat"]
+    assert left_out == 1
+
+
+def test_packages_kind_is_a_tree_of_files_under_the_cap(tmp_path: Path) -> None:
+    files, notes = corpus.build_packages(tmp_path, 3_000_000, max_file_bytes=64 * 1024)
+    copied = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(copied) == files > 30
+    assert max(p.stat().st_size for p in copied) <= 64 * 1024
+    assert "64 KiB" in notes
