@@ -40,8 +40,8 @@ def _from_coordinator(
 ) -> tuple[LinksSettings, tuple[str, ...]]:
     import yaml
 
-    from netopt.coordinator.client import CoordinatorClient
     from netopt.nccl.from_coordinator import links_from_coordinator
+    from netopt.wire.client import CoordinatorClient
 
     if token is None:
         raise ConfigError(

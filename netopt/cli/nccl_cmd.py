@@ -177,8 +177,8 @@ def _links_from_coordinator(url: str, token_file: str | None, window_s: float) -
 
     import yaml
 
-    from netopt.coordinator.client import CoordinatorClient
     from netopt.nccl.from_coordinator import links_from_coordinator
+    from netopt.wire.client import CoordinatorClient
 
     async def fetch() -> tuple[dict[str, object], dict[str, object]]:
         async with CoordinatorClient(url, cli_token(token_file)) as client:
