@@ -19,6 +19,7 @@ from netopt.config import LinksSettings, cli_token, load_settings, parse_setting
 from netopt.errors import UsageError, ValidationError
 from netopt.fsutil import atomic_write_bytes
 from netopt.nccl import domains
+from netopt.nccl.from_links import link_figures, node_infos
 from netopt.nccl.model import (
     EnvValue,
     NcclSettings,
@@ -69,7 +70,7 @@ def select_nodes(settings: LinksSettings, wanted: tuple[str, ...]) -> tuple[Node
 
     Raises ValidationError for an unknown or repeated name (listing the known ones).
     """
-    known = {n.name: n for n in settings.node_infos()}
+    known = {n.name: n for n in node_infos(settings)}
     unknown = [name for name in wanted if name not in known]
     if unknown:
         raise ValidationError(
@@ -91,7 +92,7 @@ def run_nccl_env(request: NcclEnvRequest) -> NcclSettings:
         assert request.links_file is not None
         settings = load_settings(request.links_file, "links")
     nodes = select_nodes(settings, request.nodes)
-    result = tune_nccl(nodes, settings.link_figures(), request.nccl_version, request.options)
+    result = tune_nccl(nodes, link_figures(settings), request.nccl_version, request.options)
     if request.tuner_csv:
         path = str(Path(request.tuner_csv).resolve())
         reason = "example tuner plugin CSV (load libnccl-tuner-example.so via NCCL_TUNER_PLUGIN)"

@@ -28,8 +28,9 @@ def test_the_package_graph_has_no_cycle() -> None:
     assert cycles(package_graph()) == []
 
 
-def test_the_wire_contract_imports_only_leaves() -> None:
+def test_the_wire_contract_and_config_import_only_leaves() -> None:
     graph = package_graph()
     assert graph["wire"] <= {"errors", "names", "webshell"}, graph["wire"]
+    assert graph["config"] <= {"errors", "names"}, graph["config"]  # below nccl, wire
     for name in ("agent", "cache", "nccl", "transfer", "doctor", "torch", "demo"):
         assert "coordinator" not in graph[name], name  # clients reach the service via wire
