@@ -40,8 +40,6 @@ from netopt.agent.reporter import NeedsRegistration, Reporter
 from netopt.agent.spool import Spool
 from netopt.agent.summaries import bandwidth_summary, probe_summary
 from netopt.config.services import AgentSettings
-from netopt.coordinator.client import CoordinatorClient
-from netopt.coordinator.schema import Heartbeat, LinkSummary, OutageRecord, Registration
 from netopt.errors import AuthenticationError, NetoptError, NetworkError
 from netopt.measure.bandwidth import measure_bandwidth
 from netopt.measure.prober import probe_count
@@ -50,6 +48,8 @@ from netopt.measure.service import ProbeServer
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
 from netopt.webshell import start_site
+from netopt.wire.client import CoordinatorClient
+from netopt.wire.schema import Heartbeat, LinkSummary, OutageRecord, Registration
 
 __all__ = ["Agent", "PlannedPeer", "run_agent"]
 

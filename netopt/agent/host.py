@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from netopt.coordinator.schema import Nic
+from netopt.wire.schema import Nic
 
 __all__ = ["cpu_count", "local_nics", "parse_ip_addr_json"]
 

@@ -16,9 +16,9 @@ from typing import Protocol
 
 from netopt.agent.metrics import AgentMetrics
 from netopt.agent.spool import Spool
-from netopt.coordinator.client import CoordinatorRejected
-from netopt.coordinator.schema import LinkSummary, SummaryBatch
 from netopt.errors import NetoptError, NetworkError
+from netopt.wire.client import CoordinatorRejected
+from netopt.wire.schema import LinkSummary, SummaryBatch
 
 __all__ = ["FlushResult", "NeedsRegistration", "Reporter", "SummarySubmitter"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from netopt.coordinator.schema import LinkSummary, OutageRecord, RttFigures
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import BandwidthResult
+from netopt.wire.schema import LinkSummary, OutageRecord, RttFigures
 
 __all__ = ["bandwidth_summary", "probe_summary"]
 

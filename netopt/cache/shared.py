@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from netopt.coordinator.client import CoordinatorClient
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.httpsource import ClientOptions, DatasetUrl, HttpChunkSource
 from netopt.errors import NetoptError, ValidationError
 from netopt.transfer.manifest import Manifest
+from netopt.wire.client import CoordinatorClient
 
 __all__ = [
     "RegionSharing",

@@ -294,7 +294,7 @@ async def _join_sharing(
 ) -> tuple[RegionSharing, SharedChunkSource] | str:
     """Open the catalogue session; the reason as a string when sharing is not possible."""
     from netopt.cache.shared import RegionSharing, SharedChunkSource
-    from netopt.coordinator.client import CoordinatorClient
+    from netopt.wire.client import CoordinatorClient
 
     client = await stack.enter_async_context(
         CoordinatorClient(options.coordinator_url, options.token, timeout_s=options.timeout_s)

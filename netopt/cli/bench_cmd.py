@@ -20,6 +20,7 @@ from netopt.config import LabTopology, load_settings
 from netopt.config.loader import parse_byte_size
 from netopt.errors import UsageError
 from netopt.nccl.costmodel import fabric_from_links
+from netopt.nccl.from_links import link_figures
 from netopt.torch.bench import BenchReport, run_loopback, run_on_lab, size_ladder, with_predictions
 from netopt.torch.labfigures import LabHandle, lab_link_figures, lab_nodes, measure_single_stream
 
@@ -156,7 +157,7 @@ def allreduce_command(
         if links_file:
             settings = load_settings(links_file, "links")
             chosen = select_nodes(settings, names)
-            fabric = fabric_from_links(chosen, settings.link_figures(), flows=1)
+            fabric = fabric_from_links(chosen, link_figures(settings), flows=1)
             report = with_predictions(report, fabric)
     if as_json:
         print_json(asdict(report))

@@ -10,7 +10,7 @@ import click
 from netopt.cli.output import console, print_json, print_table
 from netopt.config import cli_token, load_settings
 from netopt.config.services import DEFAULT_COORDINATOR_PORT
-from netopt.coordinator.client import CoordinatorClient
+from netopt.wire.client import CoordinatorClient
 
 __all__ = ["coordinator_command", "fetch_status", "status_command"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from netopt.cli.output import console, err_console, print_json
-from netopt.config import LinksSettings, cli_token, load_settings, parse_settings
+from netopt.config import LinksSettings, cli_token, load_settings
 from netopt.doctor import apply as apply_mod
 from netopt.doctor import ports
 from netopt.doctor.findings import DoctorReport
@@ -38,25 +38,14 @@ def _split(text: str | None) -> tuple[str, ...]:
 def _from_coordinator(
     url: str, token: str | None, node: str, wanted: tuple[str, ...]
 ) -> tuple[LinksSettings, tuple[str, ...]]:
-    import yaml
-
-    from netopt.coordinator.client import CoordinatorClient
-    from netopt.nccl.from_coordinator import links_from_coordinator
+    from netopt.cli.coordinator_links import fetch_coordinator_links
 
     if token is None:
         raise ConfigError(
             "no token given", key_path="token", expected="NETOPT_TOKEN or --token-file"
         )
-
-    async def fetch() -> tuple[dict[str, Any], dict[str, Any]]:
-        async with CoordinatorClient(url, token) as client:
-            return await client.get("/api/v1/nodes"), await client.get("/api/v1/links")
-
-    nodes, links = asyncio.run(fetch())
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    document, _notes = links_from_coordinator(nodes, links, when)
-    parsed = parse_settings(yaml.safe_dump(document), f"coordinator {url}", "links", env={})
-    assert isinstance(parsed, LinksSettings)
+    fetched = fetch_coordinator_links(url, token)
+    nodes, parsed = fetched.nodes_answer, fetched.settings
     peers = []
     for entry in nodes.get("nodes", []):
         name = entry.get("node")

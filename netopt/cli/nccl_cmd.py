@@ -15,10 +15,11 @@ import click
 from rich.table import Table
 
 from netopt.cli.output import console, err_console
-from netopt.config import LinksSettings, cli_token, load_settings, parse_settings
+from netopt.config import LinksSettings, cli_token, load_settings
 from netopt.errors import UsageError, ValidationError
 from netopt.fsutil import atomic_write_bytes
 from netopt.nccl import domains
+from netopt.nccl.from_links import link_figures, node_infos
 from netopt.nccl.model import (
     EnvValue,
     NcclSettings,
@@ -69,7 +70,7 @@ def select_nodes(settings: LinksSettings, wanted: tuple[str, ...]) -> tuple[Node
 
     Raises ValidationError for an unknown or repeated name (listing the known ones).
     """
-    known = {n.name: n for n in settings.node_infos()}
+    known = {n.name: n for n in node_infos(settings)}
     unknown = [name for name in wanted if name not in known]
     if unknown:
         raise ValidationError(
@@ -91,7 +92,7 @@ def run_nccl_env(request: NcclEnvRequest) -> NcclSettings:
         assert request.links_file is not None
         settings = load_settings(request.links_file, "links")
     nodes = select_nodes(settings, request.nodes)
-    result = tune_nccl(nodes, settings.link_figures(), request.nccl_version, request.options)
+    result = tune_nccl(nodes, link_figures(settings), request.nccl_version, request.options)
     if request.tuner_csv:
         path = str(Path(request.tuner_csv).resolve())
         reason = "example tuner plugin CSV (load libnccl-tuner-example.so via NCCL_TUNER_PLUGIN)"
@@ -172,28 +173,12 @@ def _versions(nccl: str | None, torch: str | None) -> tuple[str, str, str]:
 
 
 def _links_from_coordinator(url: str, token_file: str | None, window_s: float) -> LinksSettings:
-    import asyncio
-    import time
+    from netopt.cli.coordinator_links import fetch_coordinator_links
 
-    import yaml
-
-    from netopt.coordinator.client import CoordinatorClient
-    from netopt.nccl.from_coordinator import links_from_coordinator
-
-    async def fetch() -> tuple[dict[str, object], dict[str, object]]:
-        async with CoordinatorClient(url, cli_token(token_file)) as client:
-            return await client.get("/api/v1/nodes"), await client.get(
-                "/api/v1/links", window_s=window_s
-            )
-
-    nodes, links = asyncio.run(fetch())
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    document, notes = links_from_coordinator(nodes, links, when)
-    for note in notes:
+    fetched = fetch_coordinator_links(url, cli_token(token_file), window_s)
+    for note in fetched.notes:
         err_console.print(f"note: {note}")
-    parsed = parse_settings(yaml.safe_dump(document), f"coordinator {url}", "links", env={})
-    assert isinstance(parsed, LinksSettings)
-    return parsed
+    return fetched.settings
 
 
 def _with_common(settings: NcclSettings, value: EnvValue) -> NcclSettings:

@@ -70,6 +70,7 @@ __all__ = [
     "load_settings",
     "parse_settings",
     "resolve_token",
+    "settings_from_data",
     "settings_to_dict",
 ]
 
@@ -164,6 +165,15 @@ def parse_settings(
 ) -> Settings:
     """Parse settings from YAML ``text``; ``file`` names it in errors."""
     data, source = parse_yaml(text, file)
+    return settings_from_data(data, source, kind, env)
+
+
+def settings_from_data(
+    data: Any, source: SourceMap, kind: Kind | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from a parsed document: a YAML file's, or one built in memory (such as
+    the links document of a coordinator's answers); ``source.file`` names it in errors."""
+    file = source.file
     if data == {} and kind is None:
         raise ConfigError("is empty", file=file, expected="a YAML mapping")
     if not isinstance(data, dict):

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from netopt.config.common import check_name
 from netopt.config.loader import Invalid, bounded
 from netopt.names import is_ifname
-from netopt.nccl.model import LinkFigures, Nic, NodeInfo
 
 __all__ = ["LinkPairSpec", "LinksSettings", "NicSpec", "NodeLinksSpec"]
 
@@ -90,21 +89,6 @@ class LinkPairSpec:
         if self.interfaces is not None and len(self.interfaces) != 2:
             raise Invalid("interfaces", "must name two NICs", "[nic-at-a, nic-at-b]")
 
-    def figures(self) -> LinkFigures:
-        """As the tuner's LinkFigures."""
-        return LinkFigures(
-            a=self.between[0],
-            b=self.between[1],
-            rtt_ms=self.rtt_ms,
-            loss_ratio=self.loss_ratio,
-            single_stream_mbps=self.single_stream_mbps,
-            link_mbps=self.link_mbps,
-            outages_s=self.outages_s,
-            interfaces=(self.interfaces[0], self.interfaces[1]) if self.interfaces else None,
-            rdma=self.rdma,
-            congestion_control=self.congestion_control,
-        )
-
 
 @dataclass(frozen=True)
 class LinksSettings:
@@ -140,18 +124,3 @@ class LinksSettings:
             if key in seen:
                 raise Invalid(f"links[{i}]", "repeats a pair", "one entry per pair and NIC pair")
             seen.add(key)
-
-    def node_infos(self) -> tuple[NodeInfo, ...]:
-        """Every node as the tuner's NodeInfo, in file order."""
-        return tuple(
-            NodeInfo(
-                name=name,
-                region=spec.region,
-                nics=tuple(Nic(n.name, n.addresses, n.speed_mbps, n.rdma) for n in spec.nics),
-            )
-            for name, spec in self.nodes.items()
-        )
-
-    def link_figures(self) -> tuple[LinkFigures, ...]:
-        """Every measured pair as the tuner's LinkFigures."""
-        return tuple(link.figures() for link in self.links)

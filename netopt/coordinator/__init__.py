@@ -1,12 +1,8 @@
 """The coordinator: agent registry, link-summary ingest, probe plans, link matrix.
 
-Agent-facing pieces to import:
-
-- ``netopt.coordinator.schema``: wire types (``Registration``, ``Nic``,
-  ``Heartbeat``, ``LinkSummary``, ``RttFigures``, ``OutageRecord``,
-  ``SummaryBatch``) with ``to_dict()``/``from_dict()`` and their size limits.
-- ``netopt.coordinator.client``: ``CoordinatorClient`` (async) and its errors.
-- ``netopt.coordinator.plan``: the pure ``make_plan`` and the plan types.
+The wire contract it serves (request types, their readers, the client) lives
+apart, in ``netopt.wire``; agents import that, never this package. The probe
+plan is decided by the pure ``netopt.coordinator.plan.make_plan``.
 
 Service pieces: ``netopt.coordinator.app.create_app`` and
 ``netopt.coordinator.server.run_coordinator``.

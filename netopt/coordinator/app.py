@@ -27,15 +27,8 @@ from netopt.coordinator.auth import token_middleware
 from netopt.coordinator.catalogue import Catalogue
 from netopt.coordinator.catalogue_api import CATALOGUE, CATALOGUE_ROUTES, ChunkCatalogue
 from netopt.coordinator.database import Database
-from netopt.coordinator.fields import RequestInvalid, parse_json_body
 from netopt.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from netopt.coordinator.openapi import openapi_document, query_names
-from netopt.coordinator.schema import (
-    Heartbeat,
-    Registration,
-    SummaryBatch,
-    check_node_name,
-)
 from netopt.coordinator.service import Coordinator, NotFoundError, PlacementRequest
 from netopt.errors import (
     AuthenticationError,
@@ -43,6 +36,13 @@ from netopt.errors import (
     ResidencyError,
     StorageError,
     ValidationError,
+)
+from netopt.wire.fields import RequestInvalid, parse_json_body
+from netopt.wire.schema import (
+    Heartbeat,
+    Registration,
+    SummaryBatch,
+    check_node_name,
 )
 
 __all__ = ["COORDINATOR", "METRICS", "CoordinatorDeps", "create_app"]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from netopt.coordinator.catalogue import Catalogue, CatalogueError, RouteRequest
-from netopt.coordinator.fields import Reader, RequestInvalid, parse_json_body
 from netopt.coordinator.service import Coordinator, NotFoundError, node_state
 from netopt.names import NODE_NAME_RE, is_dataset_name, is_hash_id, is_node_name
+from netopt.wire.fields import Reader, RequestInvalid, parse_json_body
 
 __all__ = ["CATALOGUE", "CATALOGUE_ROUTES", "ChunkCatalogue", "parse_route_request"]
 

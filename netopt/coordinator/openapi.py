@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from netopt import __version__
-from netopt.coordinator.fields import string_schema
-from netopt.coordinator.schema import (
+from netopt.names import DATASET_NAME_RE, HASH_ID_RE, IFNAME_RE, NODE_NAME_RE
+from netopt.wire.fields import string_schema
+from netopt.wire.schema import (
     BATCH_ID_RE,
     CC_RE,
     MAX_ADDRESSES_PER_NIC,
@@ -24,7 +25,6 @@ from netopt.coordinator.schema import (
     TARGET_MAX_LEN,
     VERSION_RE,
 )
-from netopt.names import DATASET_NAME_RE, HASH_ID_RE, IFNAME_RE, NODE_NAME_RE
 
 __all__ = ["openapi_document", "query_names"]
 

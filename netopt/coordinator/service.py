@@ -17,12 +17,12 @@ from typing import Any, Literal
 from netopt.cache.residency import residency_violation
 from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
 from netopt.coordinator.database import Database
-from netopt.coordinator.fields import Reader
 from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
-from netopt.coordinator.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
 from netopt.errors import NetoptError, ResidencyError
 from netopt.names import DATASET_NAME_RE, NODE_NAME_RE
+from netopt.wire.fields import Reader
+from netopt.wire.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
 
 __all__ = ["Coordinator", "NodeState", "NotFoundError", "PlacementRequest", "node_state"]
 

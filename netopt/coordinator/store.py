@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from netopt.coordinator.matrix import LinkRow
-from netopt.coordinator.schema import LinkSummary
 from netopt.errors import StorageError
+from netopt.wire.schema import LinkSummary
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -31,7 +31,6 @@ import yaml
 
 from netopt.agent.host import parse_ip_addr_json
 from netopt.config import LabTopology, parse_settings
-from netopt.coordinator.schema import Nic
 from netopt.demo.cluster import AGENT_PORT, COORDINATOR_PORT, PROBE_PORT, Cluster
 from netopt.demo.dataset import write_jsonl_dataset
 from netopt.demo.plots import SyncSpan, plot_link_matrix, plot_transfer_timeline
@@ -40,6 +39,7 @@ from netopt.errors import NetworkError
 from netopt.lab import Lab
 from netopt.lab.netns import has_net_admin
 from netopt.nccl.linksdoc import PairFigures, links_document
+from netopt.wire.schema import Nic
 
 __all__ = ["DEFAULT_TOPOLOGY", "DemoOptions", "run_demo"]
 

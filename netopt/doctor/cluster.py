@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 
-from netopt.coordinator.client import CoordinatorClient
 from netopt.errors import NetoptError, PeerUnreachableError, ValidationError
 from netopt.nccl.from_coordinator import links_from_coordinator
+from netopt.wire.client import CoordinatorClient
 
 __all__ = ["AgentEndpoint", "merge_reports", "run_cluster_doctor"]
 

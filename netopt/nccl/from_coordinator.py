@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from netopt.coordinator.schema import Nic
 from netopt.nccl.linksdoc import PairFigures, links_document
+from netopt.wire.schema import Nic
 
 __all__ = ["links_from_coordinator"]
 

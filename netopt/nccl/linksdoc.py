@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from netopt.coordinator.schema import Nic
+from netopt.wire.schema import Nic
 
 __all__ = ["PairFigures", "links_document"]
 

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from netopt.coordinator.schema import Nic
 from netopt.fsutil import atomic_write_bytes
 from netopt.nccl.linksdoc import PairFigures, links_document
 from netopt.torch.nccllog import EnvCheck
+from netopt.wire.schema import Nic
 
 __all__ = [
     "EXIT_FAILED",

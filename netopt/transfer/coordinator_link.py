@@ -125,7 +125,7 @@ async def fetch_link_profile(
     """
     # Imported here: the coordinator client pulls in aiohttp, which `plan` without
     # --coordinator does not need.
-    from netopt.coordinator.client import CoordinatorClient
+    from netopt.wire.client import CoordinatorClient
 
     async with CoordinatorClient(url, token) as client:
         nodes = await client.get("/api/v1/nodes")

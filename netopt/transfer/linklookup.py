@@ -95,7 +95,7 @@ async def measured_link(
 ) -> tuple[LinkProfile, str] | str:
     """The coordinator's measured link from this node to the node serving at ``host``:
     the profile and a note of where it came from, or why there is none (a string)."""
-    from netopt.coordinator.client import CoordinatorClient  # aiohttp: loaded by now
+    from netopt.wire.client import CoordinatorClient  # aiohttp: loaded by now
 
     try:
         async with CoordinatorClient(ref.url, ref.token, timeout_s=LOOKUP_TIMEOUT_S) as client:

@@ -9,8 +9,8 @@ import pytest
 
 from netopt.coordinator.matrix import link_figures, region_figures
 from netopt.coordinator.matrix_query import MatrixReader
-from netopt.coordinator.schema import LinkSummary, RttFigures
 from netopt.coordinator.store import BatchToStore, Store
+from netopt.wire.schema import LinkSummary, RttFigures
 
 NODES = ("hk-1", "hk-2", "sg-1", "us-1", "us-2", "xx-1")
 REGIONS = {"hk-1": "hk", "hk-2": "hk", "sg-1": "sg", "us-1": "us", "us-2": "us"}  # xx-1: none

@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 
 from netopt.coordinator.database import Database
-from netopt.coordinator.schema import LinkSummary, RttFigures
 from netopt.coordinator.store import BatchToStore
+from netopt.wire.schema import LinkSummary, RttFigures
 
 PAGE_BYTES = 4096
 

@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestClient
 from coordinator_helpers import AUTH, make_settings, registration
 
 from netopt.coordinator.app import create_app
-from netopt.coordinator.client import CoordinatorClient, CoordinatorRejected
 from netopt.errors import ConfigError, ResidencyError
+from netopt.wire.client import CoordinatorClient, CoordinatorRejected
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Awaitable[Client]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -10,7 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from netopt.cli.coordinator_links import fetch_coordinator_links
+from netopt.cli.doctor_cmd import _from_coordinator
+from netopt.config import LinksSettings, parse_settings
+from netopt.nccl.from_coordinator import links_from_coordinator
+from netopt.wire.client import CoordinatorClient
 from tests.service.coordinator_helpers import (
     TOKEN,
     call,
@@ -100,3 +107,27 @@ def test_links_and_coordinator_are_exclusive(coordinator: str) -> None:
     proc = _nccl_env(coordinator, "--links", "configs/links-example.yaml")
     assert proc.returncode == 2
     assert "exactly one of --links" in proc.stderr
+
+
+def test_doctor_and_nccl_env_share_one_fetch_and_no_yaml_detour(coordinator: str) -> None:
+    _seed(coordinator, with_bandwidth=False)
+    fetched = fetch_coordinator_links(coordinator, TOKEN, 3600)
+    assert list(fetched.settings.nodes) == ["hk-1", "hk-2", "us-1"]
+    assert len(fetched.settings.links) == 2
+    assert fetched.notes == ("hk-2<->us-1: no bandwidth figures yet",)
+
+    async def answers() -> tuple[dict[str, object], dict[str, object]]:
+        async with CoordinatorClient(coordinator, TOKEN) as client:
+            return await client.get("/api/v1/nodes"), await client.get(
+                "/api/v1/links", window_s=3600
+            )
+
+    nodes, links = asyncio.run(answers())
+    document, _ = links_from_coordinator(nodes, links, fetched.settings.measured_at or "")
+    via_yaml = parse_settings(yaml.safe_dump(document), "yaml", "links", env={})
+    assert isinstance(via_yaml, LinksSettings)
+    assert via_yaml == fetched.settings  # the old YAML round trip gave the same settings
+
+    settings, peers = _from_coordinator(coordinator, TOKEN, "hk-1", ("hk-1", "hk-2"))
+    assert list(settings.nodes) == ["hk-1", "hk-2", "us-1"]
+    assert len(peers) == 1  # hk-2 only: us-1 is not wanted, hk-1 is the node itself

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from netopt.coordinator.fields import RequestInvalid, parse_json_body
 from netopt.coordinator.matrix import LinkRow, link_figures, region_figures
-from netopt.coordinator.schema import LinkSummary, Registration, SummaryBatch
+from netopt.wire.fields import RequestInvalid, parse_json_body
+from netopt.wire.schema import LinkSummary, Registration, SummaryBatch
 
 
 def summary(**over: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from netopt.cli.main import main
 from netopt.config import LinksSettings, load_settings
 from netopt.errors import ConfigError
 from netopt.nccl.domains import check_value
+from netopt.nccl.from_links import node_infos
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "configs" / "links-example.yaml"
@@ -39,7 +40,7 @@ def env_lines(text: str) -> list[tuple[str, str]]:
 def test_example_links_file_loads_and_is_detected(capsys) -> None:
     settings = load_settings(EXAMPLE)
     assert isinstance(settings, LinksSettings)
-    assert [n.name for n in settings.node_infos()] == ["hk-1", "hk-2", "us-1", "us-2"]
+    assert [n.name for n in node_infos(settings)] == ["hk-1", "hk-2", "us-1", "us-2"]
     code, out, _ = run(capsys, "config", "check", str(EXAMPLE))
     assert code == 0
     assert "links: 4 nodes in 2 regions" in out

@@ -18,13 +18,13 @@ from typing import Any
 
 import aiohttp
 
-from netopt.coordinator.schema import Heartbeat, Registration, SummaryBatch
 from netopt.errors import (
     AuthenticationError,
     PeerUnreachableError,
     ResidencyError,
     ValidationError,
 )
+from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
 __all__ = ["CoordinatorClient", "CoordinatorRejected"]
 

@@ -19,8 +19,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
-from netopt.coordinator.fields import Reader, RequestInvalid, check_number
 from netopt.names import IFNAME_RE, NODE_NAME_RE
+from netopt.wire.fields import Reader, RequestInvalid, check_number
 
 __all__ = [
     "BATCH_ID_RE",
