@@ -51,10 +51,32 @@ def _from_coordinator(
         name = entry.get("node")
         if name == node or (wanted and name not in wanted) or entry.get("state") == "left":
             continue
-        addresses = [a for nic in entry.get("nics", []) for a in nic.get("addresses", [])]
-        if addresses:
-            peers.append(str(addresses[0]).split("/")[0])
+        address = _peer_address(entry)
+        if address is not None:
+            peers.append(address)
     return parsed, tuple(peers)
+
+
+def _peer_address(entry: dict[str, Any]) -> str | None:
+    """Where to reach a registered node from here: the host it registered with (what it
+    advertised, or the address the coordinator saw), else its first NIC address that is
+    not loopback (a node's first NIC is often ``lo``); loopback only when that is all it
+    has (a cluster on one host)."""
+    import ipaddress
+
+    host = entry.get("host")
+    candidates = [host] if isinstance(host, str) and host else []
+    candidates += [
+        str(a).split("/")[0] for nic in entry.get("nics", []) for a in nic.get("addresses", [])
+    ]
+    for candidate in candidates:
+        try:
+            if ipaddress.ip_address(candidate).is_loopback:
+                continue
+        except ValueError:
+            pass  # a host name: use it
+        return candidate
+    return candidates[0] if candidates else None
 
 
 def _print_report(report: DoctorReport) -> None:

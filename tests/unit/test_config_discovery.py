@@ -90,3 +90,15 @@ def test_config_show_never_prints_a_token(tmp_path: Path) -> None:
     assert '"token": "(hidden)"' in done.stdout
     done = _netopt("config", "show", str(path), env={"NETOPT_TOKEN": "env-secret-0123456789"})
     assert "env-secret" not in done.stdout
+
+
+def test_doctor_reaches_a_peer_at_its_registered_address_not_its_loopback() -> None:
+    from netopt.cli.doctor_cmd import _peer_address
+
+    lo_first = {"nics": [{"name": "lo", "addresses": ["127.0.0.1/8"]},
+                         {"name": "eth0", "addresses": ["198.18.0.7/24"]}]}  # fmt: skip
+    assert _peer_address(lo_first) == "198.18.0.7"
+    assert _peer_address({**lo_first, "host": "198.18.9.9"}) == "198.18.9.9"
+    assert _peer_address({**lo_first, "host": "127.0.0.1"}) == "198.18.0.7"
+    assert _peer_address({"host": "127.0.0.1", "nics": []}) == "127.0.0.1"  # all it has
+    assert _peer_address({"nics": []}) is None
