@@ -10,6 +10,7 @@ from typing import Any
 
 from netopt.errors import DependencyError, ValidationError
 from netopt.nccl.model import Advice
+from netopt.torch.lowrank import LowRankState, lowrank_hook
 
 __all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
 
@@ -42,10 +43,40 @@ def import_torch() -> ModuleType:
     return torch
 
 
+def _backend(torch: ModuleType, process_group: Any) -> str:
+    return str(torch.distributed.get_backend(process_group)).lower()
+
+
 def _bf16_works(torch: ModuleType, process_group: Any) -> bool:
     """PyTorch's bf16 hook needs CUDA and NCCL (it refuses Gloo on CPU)."""
-    backend = str(torch.distributed.get_backend(process_group)).lower()
-    return bool(torch.cuda.is_available()) and backend == "nccl"
+    return bool(torch.cuda.is_available()) and _backend(torch, process_group) == "nccl"
+
+
+def _apply_lowrank(
+    torch: ModuleType, model: Any, process_group: Any, rank: int, start_iter: int
+) -> AppliedHook:
+    """netopt's PowerSGD-style hook, for backends where PyTorch's cannot run (Gloo).
+
+    Creates a second group of the same ranks for the Q all-reduces, so every
+    rank must call this at the same point (as it must register any hook).
+    """
+    dist = torch.distributed
+    ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+    q_group = dist.new_group(ranks=ranks, backend=_backend(torch, process_group))
+    state = LowRankState(
+        torch=torch,
+        process_group=process_group,
+        q_group=q_group,
+        matrix_approximation_rank=rank,
+        start_iter=start_iter,
+    )
+    model.register_comm_hook(state, lowrank_hook)
+    note = (
+        "PyTorch's powerSGD_hook aborts or hangs on Gloo with more than one DDP bucket "
+        "(its callbacks issue all-reduces in a different order on each rank): "
+        "netopt's lowrank_hook does the same maths with the order fixed"
+    )
+    return AppliedHook("netopt_lowrank_hook", state, note)
 
 
 def apply_comm_hook(
@@ -60,6 +91,9 @@ def apply_comm_hook(
 
     ``bf16_compress_hook`` becomes ``fp16_compress_hook`` (the same bytes on the
     wire) where PyTorch cannot run bf16 (no CUDA or not NCCL); the note says so.
+    ``powerSGD_hook`` is PyTorch's on NCCL; on other backends (Gloo), where
+    PyTorch's aborts or hangs as soon as DDP has two buckets, it is netopt's
+    :func:`~netopt.torch.lowrank.lowrank_hook` (same maths, the note says so).
     For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
     Raises ValidationError for another model type, an unknown hook or a missing
     PowerSGD rank; DependencyError without torch (or numpy, which PowerSGD needs).
@@ -83,6 +117,8 @@ def apply_comm_hook(
         return AppliedHook("fp16_compress_hook", process_group, note)
     if powersgd_rank is None or powersgd_rank < 1:
         raise ValidationError(f"PowerSGD needs a rank >= 1, got {powersgd_rank}")
+    if _backend(torch, process_group) != "nccl":
+        return _apply_lowrank(torch, model, process_group, powersgd_rank, start_powersgd_iter)
     try:
         powersgd = importlib.import_module(f"{_HOOKS_PKG}.powerSGD_hook")
         state = powersgd.PowerSGDState(
