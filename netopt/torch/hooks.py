@@ -11,6 +11,7 @@ from typing import Any
 from netopt.errors import DependencyError, ValidationError
 from netopt.nccl.model import Advice
 from netopt.torch.lowrank import LowRankState, lowrank_hook
+from netopt.torch.stepmeter import StepMeter
 
 __all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
 
@@ -52,8 +53,17 @@ def _bf16_works(torch: ModuleType, process_group: Any) -> bool:
     return bool(torch.cuda.is_available()) and _backend(torch, process_group) == "nccl"
 
 
+def _register(model: Any, state: Any, hook: Any, meter: StepMeter | None) -> None:
+    model.register_comm_hook(state, hook if meter is None else meter.wrap_hook(hook))
+
+
 def _apply_lowrank(
-    torch: ModuleType, model: Any, process_group: Any, rank: int, start_iter: int
+    torch: ModuleType,
+    model: Any,
+    process_group: Any,
+    rank: int,
+    start_iter: int,
+    meter: StepMeter | None,
 ) -> AppliedHook:
     """netopt's PowerSGD-style hook, for backends where PyTorch's cannot run (Gloo).
 
@@ -70,7 +80,7 @@ def _apply_lowrank(
         matrix_approximation_rank=rank,
         start_iter=start_iter,
     )
-    model.register_comm_hook(state, lowrank_hook)
+    _register(model, state, lowrank_hook, meter)
     note = (
         "PyTorch's powerSGD_hook aborts or hangs on Gloo with more than one DDP bucket "
         "(its callbacks issue all-reduces in a different order on each rank): "
@@ -86,6 +96,7 @@ def apply_comm_hook(
     powersgd_rank: int | None = None,
     process_group: Any = None,
     start_powersgd_iter: int = 1000,
+    meter: StepMeter | None = None,
 ) -> AppliedHook:
     """Register ``hook`` (one of HOOKS) on ``model``, a DistributedDataParallel.
 
@@ -94,6 +105,7 @@ def apply_comm_hook(
     ``powerSGD_hook`` is PyTorch's on NCCL; on other backends (Gloo), where
     PyTorch's aborts or hangs as soon as DDP has two buckets, it is netopt's
     :func:`~netopt.torch.lowrank.lowrank_hook` (same maths, the note says so).
+    With ``meter`` the hook's futures are timed for that :class:`StepMeter`.
     For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
     Raises ValidationError for another model type, an unknown hook or a missing
     PowerSGD rank; DependencyError without torch (or numpy, which PowerSGD needs).
@@ -106,19 +118,23 @@ def apply_comm_hook(
             f"unknown DDP comm hook {hook!r} (expected one of {', '.join(HOOKS)})"
         )
     if hook == "none":
+        if meter is not None:  # DDP's own all-reduce, as a hook the meter can time
+            meter.watch(model, process_group)
         return AppliedHook("none")
     default_hooks = importlib.import_module(f"{_HOOKS_PKG}.default_hooks")
     if hook == "bf16_compress_hook":
         if _bf16_works(torch, process_group):
-            model.register_comm_hook(process_group, default_hooks.bf16_compress_hook)
+            _register(model, process_group, default_hooks.bf16_compress_hook, meter)
             return AppliedHook(hook, process_group)
-        model.register_comm_hook(process_group, default_hooks.fp16_compress_hook)
+        _register(model, process_group, default_hooks.fp16_compress_hook, meter)
         note = "bf16 needs CUDA and NCCL here: fp16_compress_hook sends the same bytes"
         return AppliedHook("fp16_compress_hook", process_group, note)
     if powersgd_rank is None or powersgd_rank < 1:
         raise ValidationError(f"PowerSGD needs a rank >= 1, got {powersgd_rank}")
     if _backend(torch, process_group) != "nccl":
-        return _apply_lowrank(torch, model, process_group, powersgd_rank, start_powersgd_iter)
+        return _apply_lowrank(
+            torch, model, process_group, powersgd_rank, start_powersgd_iter, meter
+        )
     try:
         powersgd = importlib.import_module(f"{_HOOKS_PKG}.powerSGD_hook")
         state = powersgd.PowerSGDState(
@@ -130,12 +146,17 @@ def apply_comm_hook(
         raise DependencyError(
             f"PowerSGD needs numpy: pip install 'netopt[torch]' ({exc})"
         ) from None
-    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    _register(model, state, powersgd.powerSGD_hook, meter)
     return AppliedHook(hook, state)
 
 
 def apply_advice(
-    model: Any, advice: Advice, *, process_group: Any = None, start_powersgd_iter: int = 1000
+    model: Any,
+    advice: Advice,
+    *,
+    process_group: Any = None,
+    start_powersgd_iter: int = 1000,
+    meter: StepMeter | None = None,
 ) -> AppliedHook:
     """Register the hook ``advice`` names (see :func:`apply_comm_hook`)."""
     return apply_comm_hook(
@@ -144,4 +165,5 @@ def apply_advice(
         powersgd_rank=advice.powersgd_rank,
         process_group=process_group,
         start_powersgd_iter=start_powersgd_iter,
+        meter=meter,
     )

@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_worker_ranks(
-    worker: Path, world: int, args: tuple[str, ...], timeout_s: float
+    worker: Path, world: int, args: tuple[str, ...], timeout_s: float, errs: list[str] | None = None
 ) -> list[dict]:
-    """Run ``worker RANK WORLD PORT *args`` for every rank; a rank past ``timeout_s`` fails."""
+    """Run ``worker RANK WORLD PORT *args`` for every rank; a rank past ``timeout_s`` fails.
+
+    Each rank's stderr is appended to ``errs`` when given.
+    """
     port = str(free_port())
     procs = [
         subprocess.Popen(
@@ -33,6 +36,8 @@ def run_worker_ranks(
             except subprocess.TimeoutExpired:
                 pytest.fail(f"a rank hung for {timeout_s}s ({worker.name} {args}, {world} ranks)")
             assert proc.returncode == 0, err[-3000:]
+            if errs is not None:
+                errs.append(err)
             results += [json.loads(line) for line in out.splitlines()]
     finally:
         for proc in procs:
