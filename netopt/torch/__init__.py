@@ -5,6 +5,8 @@
 - :class:`CachedDataset` / :class:`CachedSampler`: a map-style dataset over a synced
   dataset's files that prefetches ahead of the sampler and feeds the cache's access
   statistics (works with DataLoader worker processes).
+- :class:`StepMeter`: per step of the user's loop, the data wait, the gradient
+  communication not overlapped and the compute; JSON lines and a Prometheus file.
 - :mod:`netopt.torch.bench`: the all-reduce benchmark behind ``netopt bench allreduce``.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from netopt.torch.dataset import CachedDataset, CachedSampler, JournalStats
 from netopt.torch.hooks import HOOKS, AppliedHook, apply_advice, apply_comm_hook, import_torch
+from netopt.torch.stepmeter import StepMeter, StepRecord
 
 __all__ = [
     "HOOKS",
@@ -19,6 +22,8 @@ __all__ = [
     "CachedDataset",
     "CachedSampler",
     "JournalStats",
+    "StepMeter",
+    "StepRecord",
     "apply_advice",
     "apply_comm_hook",
     "import_torch",

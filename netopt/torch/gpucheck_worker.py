@@ -34,7 +34,6 @@ MLP_WIDTHS = (256, 768, 768, 768, 768, 256)
 BUCKET_CAP_MB = 1
 POWERSGD_RANK = 2
 STEPS = 4
-CPU_POWERSGD_BUCKET_MB = 64
 
 
 def _emit(part: str, ok: bool, **details: Any) -> None:
@@ -111,10 +110,9 @@ def _compress_hook(torch: Any, device: str, group: Any) -> dict[str, Any]:
 def _powersgd_hook(torch: Any, device: str, group: Any) -> dict[str, Any]:
     from netopt.torch.hooks import apply_comm_hook
 
-    # PowerSGD over Gloo with several buckets can hang (seen here once in seven runs):
-    # on CPU it runs on one bucket; the CUDA path keeps the 1 MiB buckets.
-    several = device != "cpu"
-    model = _ddp(torch, device, group, BUCKET_CAP_MB if several else CPU_POWERSGD_BUCKET_MB)
+    # On Gloo (CPU) apply_comm_hook registers netopt's lowrank_hook, which runs with
+    # several buckets where PyTorch's powerSGD_hook aborts or hangs.
+    model = _ddp(torch, device, group, BUCKET_CAP_MB)
     applied = apply_comm_hook(
         model,
         "powerSGD_hook",
@@ -128,11 +126,10 @@ def _powersgd_hook(torch: Any, device: str, group: Any) -> dict[str, Any]:
         int(torch.linalg.matrix_rank(p.grad.float())) for p in model.parameters() if p.ndim == 2
     ]
     buckets = _buckets(model)
-    compressed = len(state.p_memory_dict)
+    memory = state.q_memory if applied.name == "netopt_lowrank_hook" else state.p_memory_dict
+    compressed = len(memory)
     return {
-        "ok": buckets >= (2 if several else 1)
-        and compressed == buckets
-        and max(ranks) <= POWERSGD_RANK,
+        "ok": buckets >= 2 and compressed == buckets and max(ranks) <= POWERSGD_RANK,
         "applied": applied.name,
         "buckets": buckets,
         "buckets_compressed": compressed,

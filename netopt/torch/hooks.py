@@ -10,6 +10,8 @@ from typing import Any
 
 from netopt.errors import DependencyError, ValidationError
 from netopt.nccl.model import Advice
+from netopt.torch.lowrank import LowRankState, lowrank_hook
+from netopt.torch.stepmeter import StepMeter
 
 __all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
 
@@ -42,10 +44,49 @@ def import_torch() -> ModuleType:
     return torch
 
 
+def _backend(torch: ModuleType, process_group: Any) -> str:
+    return str(torch.distributed.get_backend(process_group)).lower()
+
+
 def _bf16_works(torch: ModuleType, process_group: Any) -> bool:
     """PyTorch's bf16 hook needs CUDA and NCCL (it refuses Gloo on CPU)."""
-    backend = str(torch.distributed.get_backend(process_group)).lower()
-    return bool(torch.cuda.is_available()) and backend == "nccl"
+    return bool(torch.cuda.is_available()) and _backend(torch, process_group) == "nccl"
+
+
+def _register(model: Any, state: Any, hook: Any, meter: StepMeter | None) -> None:
+    model.register_comm_hook(state, hook if meter is None else meter.wrap_hook(hook))
+
+
+def _apply_lowrank(
+    torch: ModuleType,
+    model: Any,
+    process_group: Any,
+    rank: int,
+    start_iter: int,
+    meter: StepMeter | None,
+) -> AppliedHook:
+    """netopt's PowerSGD-style hook, for backends where PyTorch's cannot run (Gloo).
+
+    Creates a second group of the same ranks for the Q all-reduces, so every
+    rank must call this at the same point (as it must register any hook).
+    """
+    dist = torch.distributed
+    ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+    q_group = dist.new_group(ranks=ranks, backend=_backend(torch, process_group))
+    state = LowRankState(
+        torch=torch,
+        process_group=process_group,
+        q_group=q_group,
+        matrix_approximation_rank=rank,
+        start_iter=start_iter,
+    )
+    _register(model, state, lowrank_hook, meter)
+    note = (
+        "PyTorch's powerSGD_hook aborts or hangs on Gloo with more than one DDP bucket "
+        "(its callbacks issue all-reduces in a different order on each rank): "
+        "netopt's lowrank_hook does the same maths with the order fixed"
+    )
+    return AppliedHook("netopt_lowrank_hook", state, note)
 
 
 def apply_comm_hook(
@@ -55,11 +96,16 @@ def apply_comm_hook(
     powersgd_rank: int | None = None,
     process_group: Any = None,
     start_powersgd_iter: int = 1000,
+    meter: StepMeter | None = None,
 ) -> AppliedHook:
     """Register ``hook`` (one of HOOKS) on ``model``, a DistributedDataParallel.
 
     ``bf16_compress_hook`` becomes ``fp16_compress_hook`` (the same bytes on the
     wire) where PyTorch cannot run bf16 (no CUDA or not NCCL); the note says so.
+    ``powerSGD_hook`` is PyTorch's on NCCL; on other backends (Gloo), where
+    PyTorch's aborts or hangs as soon as DDP has two buckets, it is netopt's
+    :func:`~netopt.torch.lowrank.lowrank_hook` (same maths, the note says so).
+    With ``meter`` the hook's futures are timed for that :class:`StepMeter`.
     For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
     Raises ValidationError for another model type, an unknown hook or a missing
     PowerSGD rank; DependencyError without torch (or numpy, which PowerSGD needs).
@@ -72,17 +118,23 @@ def apply_comm_hook(
             f"unknown DDP comm hook {hook!r} (expected one of {', '.join(HOOKS)})"
         )
     if hook == "none":
+        if meter is not None:  # DDP's own all-reduce, as a hook the meter can time
+            meter.watch(model, process_group)
         return AppliedHook("none")
     default_hooks = importlib.import_module(f"{_HOOKS_PKG}.default_hooks")
     if hook == "bf16_compress_hook":
         if _bf16_works(torch, process_group):
-            model.register_comm_hook(process_group, default_hooks.bf16_compress_hook)
+            _register(model, process_group, default_hooks.bf16_compress_hook, meter)
             return AppliedHook(hook, process_group)
-        model.register_comm_hook(process_group, default_hooks.fp16_compress_hook)
+        _register(model, process_group, default_hooks.fp16_compress_hook, meter)
         note = "bf16 needs CUDA and NCCL here: fp16_compress_hook sends the same bytes"
         return AppliedHook("fp16_compress_hook", process_group, note)
     if powersgd_rank is None or powersgd_rank < 1:
         raise ValidationError(f"PowerSGD needs a rank >= 1, got {powersgd_rank}")
+    if _backend(torch, process_group) != "nccl":
+        return _apply_lowrank(
+            torch, model, process_group, powersgd_rank, start_powersgd_iter, meter
+        )
     try:
         powersgd = importlib.import_module(f"{_HOOKS_PKG}.powerSGD_hook")
         state = powersgd.PowerSGDState(
@@ -94,12 +146,17 @@ def apply_comm_hook(
         raise DependencyError(
             f"PowerSGD needs numpy: pip install 'netopt[torch]' ({exc})"
         ) from None
-    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    _register(model, state, powersgd.powerSGD_hook, meter)
     return AppliedHook(hook, state)
 
 
 def apply_advice(
-    model: Any, advice: Advice, *, process_group: Any = None, start_powersgd_iter: int = 1000
+    model: Any,
+    advice: Advice,
+    *,
+    process_group: Any = None,
+    start_powersgd_iter: int = 1000,
+    meter: StepMeter | None = None,
 ) -> AppliedHook:
     """Register the hook ``advice`` names (see :func:`apply_comm_hook`)."""
     return apply_comm_hook(
@@ -108,4 +165,5 @@ def apply_advice(
         powersgd_rank=advice.powersgd_rank,
         process_group=process_group,
         start_powersgd_iter=start_powersgd_iter,
+        meter=meter,
     )

@@ -1,0 +1,198 @@
+"""A PowerSGD-style low-rank DDP comm hook that runs on Gloo with any number of buckets.
+
+PyTorch's ``powerSGD_hook`` issues its second and third all-reduces from the
+callbacks of the first. On Gloo those callbacks run on the process group's
+worker threads while the backward pass issues the next bucket's all-reduce on
+its own thread, so the ranks enqueue collectives in different orders: Gloo
+aborts ("Received data size doesn't match expected size") or the callback's
+``wait()`` blocks a worker thread forever. Gloo matches collectives by the
+order they are enqueued on a group, so this hook keeps that order the same on
+every rank:
+
+- the P all-reduce (P of every compressed matrix and the uncompressed
+  tensors, one flat tensor) is issued by the hook itself, on the backward
+  pass's thread, in DDP's bucket order;
+- the Q all-reduce goes to a second group of the same ranks, issued by a
+  sequencer strictly in bucket order, whichever thread finished bucket k's P;
+- no callback ever waits: each one chains the next step and completes the
+  future DDP holds, or fails it with the exception (DDP raises; nothing hangs).
+
+The maths is PowerSGD's (Vogels et al., 2019): ``P = M Q``, orthogonalise the
+summed P, ``Q = M^T P``, ``M ~ P Q^T / world``, with error feedback and warm
+start; a tensor is compressed only where ``n*m >= rate * (n+m) * r``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LowRankState", "lowrank_hook"]
+
+
+@dataclass
+class _Sequencer:
+    """Issues each bucket's Q all-reduce in bucket order (0, 1, ...), from any thread."""
+
+    next_index: int = 0
+    ready: dict[int, tuple[bool, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def submit(self, index: int, is_last: bool, issue: Any) -> None:
+        with self.lock:
+            self.ready[index] = (is_last, issue)
+            while self.next_index in self.ready:
+                last, run = self.ready.pop(self.next_index)
+                self.next_index = 0 if last else self.next_index + 1
+                run()  # never raises: each ``issue`` fails its own future instead
+
+
+@dataclass
+class LowRankState:
+    """The hook's state: groups, rank, iteration and per-bucket memories (keep with checkpoints).
+
+    ``q_group`` must be a second process group of the same ranks as
+    ``process_group`` (``None``: the default group); build it on every rank, in
+    the same order, with ``torch.distributed.new_group``.
+    """
+
+    torch: Any
+    process_group: Any
+    q_group: Any
+    matrix_approximation_rank: int
+    start_iter: int = 1000
+    min_compression_rate: float = 2.0
+    seed: int = 0
+    iter: int = 0
+    q_memory: dict[int, list[Any]] = field(default_factory=dict)
+    error: dict[int, Any] = field(default_factory=dict)
+    sequencer: _Sequencer = field(default_factory=_Sequencer)
+
+    def compresses(self, shape: tuple[int, ...]) -> bool:
+        if len(shape) < 2:
+            return False
+        rows, cols = shape[0], _prod(shape[1:])
+        rank = min(rows, cols, self.matrix_approximation_rank)
+        return rows * cols >= self.min_compression_rate * (rows + cols) * rank
+
+
+def _prod(values: tuple[int, ...]) -> int:
+    out = 1
+    for value in values:
+        out *= value
+    return out
+
+
+def _chain(source: Any, fail: Any, step: Any) -> None:
+    """When ``source`` completes run ``step(value)``; an exception goes to ``fail``."""
+
+    def done(fut: Any) -> None:
+        try:
+            step(fut.value())
+        except Exception as exc:  # handed to DDP, which raises it
+            fail(exc)
+
+    source.add_done_callback(done)
+
+
+def lowrank_hook(state: LowRankState, bucket: Any) -> Any:
+    """DDP comm hook: plain averaging for ``start_iter`` iterations, then low-rank."""
+    torch = state.torch
+    dist = torch.distributed
+    group = state.process_group
+    world = dist.get_world_size(group)
+    buffer = bucket.buffer()
+    if state.iter < state.start_iter:
+        if bucket.is_last():
+            state.iter += 1
+        fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0].div_(world))
+    if bucket.is_last():
+        state.iter += 1
+    index, is_last = bucket.index(), bucket.is_last()
+    grads = bucket.gradients()  # views into ``buffer``
+    if index in state.error and state.error[index].shape == buffer.shape:
+        buffer.add_(state.error[index])
+    original = buffer.clone()
+    matrices = [g.view(g.shape[0], -1) for g in grads if state.compresses(tuple(g.shape))]
+    plain = [g for g in grads if not state.compresses(tuple(g.shape))]
+    qs = state.q_memory.get(index)
+    if qs is None or [tuple(q.shape) for q in qs] != [_q_shape(state, m) for m in matrices]:
+        generator = torch.Generator().manual_seed(state.seed * 1_000_003 + index)
+        qs = [torch.randn(_q_shape(state, m), generator=generator) for m in matrices]
+    ps = [m @ q.to(m.dtype) for m, q in zip(matrices, qs, strict=True)]
+    flat_p = torch.cat([t.reshape(-1) for t in plain] + [p.reshape(-1) for p in ps])
+    result = torch.futures.Future()
+
+    def fail(exc: BaseException) -> None:
+        if not result.done():
+            result.set_exception(exc)
+
+    def got_ps(value: Any) -> None:
+        # Always reach the sequencer, even on failure: later buckets wait for this index.
+        try:
+            ortho, new_qs, flat_q = _after_ps(value[0])
+        except Exception as exc:  # handed to DDP, which raises it
+            fail(exc)
+            state.sequencer.submit(index, is_last, lambda: None)
+            return
+
+        def issue() -> None:
+            try:
+                if not new_qs:  # nothing compressed in this bucket: no Q to exchange
+                    got_qs(flat_q, ortho, new_qs)
+                    return
+                fut = dist.all_reduce(flat_q, group=state.q_group, async_op=True).get_future()
+                _chain(fut, fail, lambda v: got_qs(v[0], ortho, new_qs))
+            except Exception as exc:  # handed to DDP, which raises it
+                fail(exc)
+
+        state.sequencer.submit(index, is_last, issue)
+
+    def _after_ps(summed: Any) -> tuple[list[Any], list[Any], Any]:
+        offset = 0
+        for tensor in plain:
+            tensor.copy_(summed[offset : offset + tensor.numel()].view_as(tensor).div(world))
+            offset += tensor.numel()
+        ortho = []
+        for p in ps:
+            part = summed[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            ortho.append(torch.linalg.qr(part, mode="reduced").Q)
+        new_qs = [m.t() @ p for m, p in zip(matrices, ortho, strict=True)]
+        flat_q = torch.cat([q.reshape(-1) for q in new_qs]) if new_qs else buffer[:0].clone()
+        return ortho, new_qs, flat_q
+
+    def got_qs(summed: Any, ortho: list[Any], new_qs: list[Any]) -> None:
+        offset = 0
+        kept = []
+        for matrix, p, q in zip(matrices, ortho, new_qs, strict=True):
+            averaged = summed[offset : offset + q.numel()].view_as(q).div(world)
+            offset += q.numel()
+            matrix.copy_(p @ averaged.t())
+            kept.append(averaged)
+        state.q_memory[index] = kept
+        error = original - buffer
+        for tensor in plain:  # averaged exactly: no error to feed back
+            start = (tensor.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+            error.view(-1).narrow(0, start, tensor.numel()).zero_()
+        state.error[index] = error
+        result.set_result(buffer)
+
+    first = dist.all_reduce(flat_p, group=group, async_op=True).get_future()
+    _chain(first, fail, got_ps)
+    return result
+
+
+# DDP refuses a hook whose ``bucket`` annotation is not ``dist.GradBucket`` (this
+# module's are strings: it does not import torch), so it is shown none.
+lowrank_hook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("state", "bucket")]
+)
+
+
+def _q_shape(state: LowRankState, matrix: Any) -> tuple[int, int]:
+    rows, cols = matrix.shape
+    return (cols, min(rows, cols, state.matrix_approximation_rank))

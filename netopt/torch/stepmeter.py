@@ -1,0 +1,229 @@
+"""Where a training step's time goes: data wait, exposed communication, compute.
+
+Adopt it in the user's own loop with three lines::
+
+    meter = StepMeter("my-job", log_path="steps.jsonl", prom_path="/var/lib/node/netopt.prom")
+    meter.watch(ddp_model)                       # or apply_comm_hook(..., meter=meter)
+    for batch in meter.batches(loader): ...      # the loop body is one step
+
+Per step (from one batch handed out to the next being asked for):
+
+- ``data_wait_s``: time blocked in the loader's ``next()``;
+- ``comm_exposed_s``: gradient communication the backward pass did not overlap,
+  timed from the DDP comm hook's futures: from the last bucket's hook call (the
+  backward pass's compute is done by then) to the last future completed;
+- ``compute_s``: the rest of the step (``step_s - comm_exposed_s``).
+
+Each step is one JSON line in ``log_path``; ``prom_path`` gets a Prometheus text
+file (node_exporter's textfile format, base units: ``_seconds_total``,
+``_steps_total``) rewritten atomically every ``prom_every`` steps. A failing log
+or export (bad path, full disk, read-only directory) warns once and is switched
+off: the meter never stops training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["StepMeter", "StepRecord", "exposed_comm_s", "render_prometheus"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step's breakdown (seconds); ``step_s = data_wait_s + comm_exposed_s + compute_s``."""
+
+    job: str
+    step: int
+    step_s: float
+    data_wait_s: float
+    comm_exposed_s: float
+    compute_s: float
+    hook_calls: int
+
+
+def exposed_comm_s(call_times_s: list[float], done_times_s: list[float], end_s: float) -> float:
+    """Communication not hidden behind the backward pass, from the hooks' call/done times.
+
+    After the last bucket's hook is called the backward pass has nothing left to
+    compute, so what remains until the last future completes was waited for.
+    Clipped to ``[0, end_s - last call]``.
+    """
+    if not call_times_s or not done_times_s:
+        return 0.0
+    last_call = max(call_times_s)
+    return max(0.0, min(max(done_times_s), end_s) - last_call)
+
+
+def render_prometheus(job: str, rank: int, totals: dict[str, float], steps: int) -> str:
+    """Exposition text of the meter's totals (``totals``: seconds by part)."""
+    labels = f'job="{_label(job)}",rank="{rank}"'
+    lines = [
+        "# HELP netopt_train_steps_total Training steps measured by netopt's step meter.",
+        "# TYPE netopt_train_steps_total counter",
+        f"netopt_train_steps_total{{{labels}}} {steps}",
+    ]
+    for part, help_text in (
+        ("step", "Time in training steps."),
+        ("data_wait", "Time a step waited for its batch."),
+        ("comm_exposed", "Gradient communication a step waited for (not overlapped)."),
+        ("compute", "Time in steps neither waiting for data nor for communication."),
+    ):
+        name = f"netopt_train_{part}_seconds_total"
+        lines += [
+            f"# HELP {name} {help_text}",
+            f"# TYPE {name} counter",
+            f"{name}{{{labels}}} {totals[part]!r}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Output:
+    """One file the meter writes; the first OSError warns and turns it off."""
+
+    def __init__(self, path: Path | None, what: str) -> None:
+        self.path, self.what, self.broken = path, what, path is None
+
+    def run(self, action: Callable[[Path], None]) -> None:
+        if self.broken or self.path is None:
+            return
+        try:
+            action(self.path)
+        except OSError as exc:
+            self.broken = True
+            warnings.warn(
+                f"netopt step meter: cannot write the {self.what} {self.path} ({exc}); "
+                "training goes on without it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+class StepMeter:
+    """Times each step of a loop; see the module docstring."""
+
+    def __init__(
+        self,
+        job: str,
+        *,
+        log_path: str | os.PathLike[str] | None = None,
+        prom_path: str | os.PathLike[str] | None = None,
+        prom_every: int = 10,
+        rank: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.job, self.rank, self.prom_every, self._clock = job, rank, max(1, prom_every), clock
+        self._log = _Output(Path(log_path) if log_path is not None else None, "step log")
+        self._prom = _Output(Path(prom_path) if prom_path is not None else None, "metrics file")
+        self._lock = threading.Lock()
+        self._calls: list[float] = []
+        self._dones: list[float] = []
+        self.records: list[StepRecord] = []
+        self.totals = {"step": 0.0, "data_wait": 0.0, "comm_exposed": 0.0, "compute": 0.0}
+
+    def wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """``hook`` with its calls and its futures' completions timed."""
+
+        def timed(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
+            with self._lock:
+                self._calls.append(self._clock())
+            # Chained, not a done-callback: DDP waits on the chained future, so the
+            # time is recorded before the step can end (a callback may run after).
+            return hook(state, bucket).then(self._done)
+
+        return timed
+
+    def _done(self, future: Any) -> Any:
+        with self._lock:
+            self._dones.append(self._clock())
+        return future.value()
+
+    def watch(
+        self, model: Any, state: Any = None, hook: Callable[[Any, Any], Any] | None = None
+    ) -> None:
+        """Register ``hook`` (default: DDP's plain all-reduce) on ``model``, timed."""
+        if hook is None:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = default_hooks.allreduce_hook
+        model.register_comm_hook(state, self.wrap_hook(hook))
+
+    def batches(self, loader: Iterable[T]) -> Iterator[T]:
+        """Yield ``loader``'s batches; the time between two is one step."""
+        iterator = iter(loader)
+        step = len(self.records)
+        while True:
+            asked = self._clock()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            got = self._clock()
+            with self._lock:
+                self._calls.clear()
+                self._dones.clear()
+            yield batch
+            self._record(step, got - asked, got, self._clock())
+            step += 1
+
+    def _record(self, step: int, data_wait_s: float, start_s: float, end_s: float) -> None:
+        with self._lock:
+            calls, dones = list(self._calls), list(self._dones)
+        body_s = end_s - start_s
+        comm_s = min(exposed_comm_s(calls, dones, end_s), body_s)
+        record = StepRecord(
+            job=self.job,
+            step=step,
+            step_s=data_wait_s + body_s,
+            data_wait_s=data_wait_s,
+            comm_exposed_s=comm_s,
+            compute_s=body_s - comm_s,
+            hook_calls=len(calls),
+        )
+        self.records.append(record)
+        for part, value in (
+            ("step", record.step_s),
+            ("data_wait", data_wait_s),
+            ("comm_exposed", comm_s),
+            ("compute", record.compute_s),
+        ):
+            self.totals[part] += value
+        line = json.dumps({**asdict(record), "rank": self.rank}) + "\n"
+        self._log.run(lambda path: _append(path, line))
+        if len(self.records) % self.prom_every == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Rewrite the Prometheus text file now (also done every ``prom_every`` steps)."""
+        text = render_prometheus(self.job, self.rank, self.totals, len(self.records))
+        self._prom.run(lambda path: _replace(path, text))
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(line)
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
