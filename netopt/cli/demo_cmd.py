@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,13 @@ def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int
             "netopt demo draws its report with matplotlib: pip install 'netopt[demo]'"
         )
     from netopt.demo.run import DemoOptions, run_demo
+
+    # The demo's cluster uses only its own settings: a node already set up for a real
+    # cluster (NETOPT_TOKEN, NETOPT_COORDINATOR, NETOPT_AGENT__...) must not reach the
+    # processes it starts (the coordinator would take the real token and refuse the demo's).
+    for key in [k for k in os.environ if k.startswith("NETOPT_")]:
+        if key not in ("NETOPT_LOG_LEVEL", "NETOPT_LOG_FORMAT"):
+            del os.environ[key]
 
     def say(message: str) -> None:
         if not as_json:

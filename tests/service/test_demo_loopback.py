@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,12 @@ def test_loopback_demo_emulates_the_border_and_shares(tmp_path: Path) -> None:
         [sys.executable, "-m", "netopt", "demo", "--loopback", "--report-dir", str(report_dir),
          "--dataset-mb", "4", "--json"],
         capture_output=True, text=True, timeout=400, check=False,
+        # A node already set up for a real cluster: the demo must use only its own settings.
+        env={**os.environ, "NETOPT_TOKEN": "production-token-0123456789",
+             "NETOPT_COORDINATOR": "http://127.0.0.1:1", "NETOPT_AGENT__REGION": "eu"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
     report = json.loads(proc.stdout)
     assert report["mode"] == "loopback"
     # The hk <-> us bandwidth test went through the user-space link (100 Mbit/s), not
