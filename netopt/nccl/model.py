@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from netopt.errors import ValidationError
+from netopt.nccl.rankorder import RankOrder
 
 __all__ = [
     "DEFAULT_MESSAGE_SIZES_BYTES",
@@ -224,6 +225,8 @@ class NcclSettings:
     tuner_rows: tuple[TunerRow, ...] = ()
     warnings: tuple[str, ...] = ()
     extra: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    rank_order: RankOrder | None = None
+    """The node order given and the region-contiguous one (see ``nccl.rankorder``)."""
 
     def env_for(self, node: str) -> dict[str, str]:
         """Every variable ``node`` must set (common first, then its own)."""

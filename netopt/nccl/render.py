@@ -195,6 +195,15 @@ def settings_as_data(settings: NcclSettings) -> dict[str, Any]:
             "notes": list(advice.notes),
         },
         "warnings": list(settings.warnings),
+        "rank_order": None
+        if settings.rank_order is None
+        else {
+            "given": list(settings.rank_order.given),
+            "advised": list(settings.rank_order.advised),
+            "border_hops_given": settings.rank_order.border_hops_given,
+            "border_hops_advised": settings.rank_order.border_hops_advised,
+            "node_rank": settings.rank_order.node_rank(),
+        },
         "predictions": [
             {"algorithm": p.algorithm, "size_bytes": p.size_bytes, "time_s": p.time_s}
             for p in settings.predictions

@@ -34,6 +34,7 @@ from netopt.nccl.model import (
     TuneOptions,
     TunerRow,
 )
+from netopt.nccl.rankorder import rank_order
 
 __all__ = ["DEFAULT_BUFFSIZE_BYTES", "MIN_NCCL_VERSION", "tune_nccl", "tuner_rows"]
 
@@ -128,6 +129,35 @@ def tune_nccl(
     two = predict(fabric, options.bucket_bytes)
     if "two-level" in two and two["two-level"] < min(two["ring"], two["tree"]):
         advice = _note_two_level(advice, two, options.bucket_bytes)
+    order = rank_order([n.name for n in nodes], {n.name: n.region for n in nodes})
+    if order.border_hops_advised < order.border_hops_given:
+        by_name = {n.name: n for n in nodes}
+        grouped = fabric_from_links(
+            [by_name[name] for name in order.advised], links,
+            flows=sockets * channels, mss_bytes=options.mss_bytes,
+        )  # fmt: skip
+        ring_given_ms = 1e3 * two["ring"]
+        ring_advised_ms = 1e3 * predict(grouped, options.bucket_bytes)["ring"]
+        if round(ring_advised_ms) < round(ring_given_ms):
+            predicted = (
+                f"ring all-reduce of one {options.bucket_bytes / 2**20:g} MiB bucket predicted "
+                f"{ring_given_ms:.0f} -> {ring_advised_ms:.0f} ms"
+            )
+        else:
+            predicted = (
+                f"the cost model predicts {ring_given_ms:.0f} ms a bucket for both: it does not "
+                "yet count ring hops that share one border link"
+            )
+        note = (
+            f"rank order: --nodes crosses a region border {order.border_hops_given} times per "
+            f"ring; {','.join(order.advised)} crosses it {order.border_hops_advised} times "
+            f"({predicted}). Start the nodes in that order: "
+            + ", ".join(
+                f"{node}: torchrun --node-rank={i}" for node, i in order.node_rank().items()
+            )
+            + " (Slurm: list the nodes in that order with --nodelist and --distribution=arbitrary)"
+        )
+        advice = replace(advice, notes=(*advice.notes, note))
     return NcclSettings(
         nccl_version=nccl_version,
         nodes=tuple(n.name for n in nodes),
@@ -138,6 +168,7 @@ def tune_nccl(
         tuner_rows=rows,
         warnings=tuple(warnings),
         extra=MappingProxyType({"sockets": sockets, "channels": channels}),
+        rank_order=order,
     )
 
 
