@@ -260,7 +260,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
     matrix = await request.app[COORDINATOR].links(linkmetrics.WINDOW_S)
-    body = request.app[METRICS].render(linkmetrics.link_families(matrix["links"]))
+    metrics = request.app[METRICS]
+
+    def render() -> bytes:
+        return metrics.render(linkmetrics.link_families(matrix["links"]))
+
+    # A family per link pair: at a thousand nodes that is seconds of text building, which
+    # must not stall the heartbeats and ingest this loop also serves.
+    body = await asyncio.to_thread(render)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
