@@ -48,7 +48,6 @@ __all__ = [
     "SyncPlan",
     "SyncReport",
     "SyncRequest",
-    "default_cache_dir",
     "plan_sync",
     "run_sync",
     "scan_dest",
@@ -455,9 +454,3 @@ async def _check_still_current(opened: OpenedSource, sharing: bool) -> None:
     info = await source.fetch_info()
     if info.manifest_id != opened.manifest.manifest_id:
         raise DatasetChangedError(f"{source.url}: the dataset changed while it was being synced")
-
-
-def default_cache_dir() -> str:
-    """~/.cache/netopt/cache (XDG_CACHE_HOME respected)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "netopt", "cache")

@@ -5,60 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import click
 
 from netopt.cache.sources import SourceOptions
 from netopt.cache.store import Cache
-from netopt.cache.syncer import default_cache_dir
 from netopt.cache.verify import verify_cache
 from netopt.cli.output import console, err_console, print_json, print_table
-from netopt.config import cli_token, load_settings
-from netopt.config.datasets import DatasetsSettings
-from netopt.config.loader import parse_byte_size
-from netopt.errors import EXIT_FAILURE, StorageError, ValidationError
+from netopt.config import cli_token
+from netopt.config.node import resolve_node
+from netopt.errors import EXIT_FAILURE, StorageError
 
-__all__ = ["CacheLocation", "cache_group", "cache_listing", "resolve_cache"]
+__all__ = ["cache_group", "cache_listing"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class CacheLocation:
-    """Where the cache is and what rules apply, from options and the agent config."""
-
-    cache_dir: str
-    capacity_bytes: int | None
-    region: str | None
-    catalogue: DatasetsSettings | None
-
-
-def resolve_cache(
-    cache_dir: str | None,
-    capacity: str | None,
-    config_file: str | None,
-    region: str | None = None,
-    datasets_file: str | None = None,
-) -> CacheLocation:
-    """Options win over the agent config (``cache.dir``, ``cache.capacity_bytes``,
-    ``region``); without either the cache is ~/.cache/netopt/cache. Raises
-    ConfigError for a bad file, ValidationError for a bad capacity.
-    """
-    capacity_bytes: int | None = None
-    if capacity is not None:
-        try:
-            capacity_bytes = parse_byte_size(capacity if not capacity.isdigit() else int(capacity))
-        except ValueError:
-            raise ValidationError(f"--capacity {capacity!r}: expected a size like 50GiB") from None
-    if config_file is not None:
-        agent = load_settings(config_file, "agent")
-        cache_dir = cache_dir or agent.cache.dir
-        capacity_bytes = capacity_bytes or agent.cache.capacity_bytes
-        region = region or agent.region
-    catalogue = load_settings(datasets_file, "datasets") if datasets_file else None
-    return CacheLocation(cache_dir or default_cache_dir(), capacity_bytes, region, catalogue)
 
 
 def _common(func: F) -> F:
@@ -79,8 +41,8 @@ def _common(func: F) -> F:
 
 
 def _open(cache_dir: str | None, config_file: str | None, capacity: str | None = None) -> Cache:
-    where = resolve_cache(cache_dir, capacity, config_file)
-    return Cache.open(where.cache_dir, where.capacity_bytes)
+    here = resolve_node(config_file, cache_dir=cache_dir, capacity=capacity)
+    return Cache.open(here.cache_dir, here.capacity_bytes)
 
 
 def cache_listing(cache: Cache) -> dict[str, Any]:
@@ -177,7 +139,7 @@ def evict_command(
     as_json: bool,
 ) -> int:
     """Evict chunks (least read first, never pinned ones) down to the capacity or --to."""
-    target_bytes = resolve_cache(None, target, None).capacity_bytes if target else None
+    target_bytes = resolve_node(None, capacity=target).capacity_bytes if target else None
     with _open(cache_dir, config_file, capacity) as cache:
         before = cache.used_bytes
         victims = cache.evict_to(target_bytes)

@@ -40,11 +40,11 @@ COMMANDS = {
     "doctor": "netopt.cli.doctor_cmd:doctor_command",
     "lab": "netopt.cli.lab_cmd:lab_group",
     "nccl-env": "netopt.cli.nccl_cmd:nccl_env",
-    "plan": "netopt.cli.transfer_cmd:plan_command",
+    "plan": "netopt.cli.plan_cmd:plan_command",
     "probe": "netopt.cli.probe_cmd:probe_group",
-    "serve": "netopt.cli.transfer_cmd:serve_command",
+    "serve": "netopt.cli.serve_cmd:serve_command",
     "status": "netopt.cli.coordinator_cmd:status_command",
-    "sync": "netopt.cli.transfer_cmd:sync_command",
+    "sync": "netopt.cli.sync_cmd:sync_command",
 }
 
 

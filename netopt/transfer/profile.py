@@ -195,7 +195,7 @@ def measure_startup_s(runs: int = 2, timeout_s: float = 30.0) -> float:
         try:
             subprocess.run(
                 # what a `netopt sync` process loads before it moves a byte
-                [sys.executable, "-c", "import netopt.cli.main, netopt.cli.transfer_cmd"],
+                [sys.executable, "-c", "import netopt.cli.main, netopt.cli.sync_cmd"],
                 check=True,
                 timeout=timeout_s,
                 stdin=subprocess.DEVNULL,
