@@ -15,6 +15,7 @@ edge where they enter netopt, so callers catch netopt's errors only.
     │   ├── PeerUnreachableError     connect/probe timed out or was refused
     │   └── ProtocolError            the peer spoke, but not what we expected
     ├── AuthenticationError          a token or HMAC tag was refused
+    ├── NotFoundError                a named thing (a node, a link) is not known here
     ├── IntegrityError               data failed its hash check
     ├── DatasetChangedError          the origin published a new version during a sync
     ├── ResidencyError               exit code 2: a dataset may not be placed in this region
@@ -36,6 +37,7 @@ __all__ = [
     "LabError",
     "NetoptError",
     "NetworkError",
+    "NotFoundError",
     "PathTraversalError",
     "PeerUnreachableError",
     "PermissionDeniedError",
@@ -143,6 +145,10 @@ class ProtocolError(NetworkError):
 
 class AuthenticationError(NetoptError):
     """A token or message authentication tag was missing or wrong."""
+
+
+class NotFoundError(NetoptError):
+    """A named thing (a node, a link) is not known to the service asked (HTTP 404)."""
 
 
 class IntegrityError(NetoptError):

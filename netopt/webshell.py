@@ -12,10 +12,14 @@ compare) and `bearer_refusal` its answer, the one 401 body
 ``{"error": "AuthenticationError", "message": TEXT}`` with ``WWW-Authenticate``; the
 coordinator, the data plane and the agent's doctor routes all use them.
 
-`json_errors` turns every 4xx/5xx that aiohttp or a handler raises into the JSON error
-body ``{"error": NAME, "message": TEXT}``, and `parse_json_document` reads an untrusted
-JSON body (refusing what would make ``json`` raise something other than a clean
-refusal: deep nesting, integers over Python's digit limit, NaN).
+`service_shell` is the one middleware every service puts first: it turns every
+4xx/5xx that aiohttp or a handler raises (a netopt error by its kind, an aiohttp
+HTTP error, anything else as a logged 500) into the one JSON error body
+``{"error": NAME, "message": TEXT}``, logs each request (``netopt.http``, debug) and
+hands route, method, status and duration to the service's `RequestObserver` (its
+metrics). `parse_json_document` reads an untrusted JSON body (refusing what would make
+``json`` raise something other than a clean refusal: deep nesting, integers over
+Python's digit limit, NaN).
 """
 
 from __future__ import annotations
@@ -26,14 +30,23 @@ import json
 import logging
 import resource
 import socket
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import prometheus_client
 from aiohttp import web
 
-from netopt.errors import AuthenticationError, ValidationError
+from netopt.errors import (
+    AuthenticationError,
+    NetoptError,
+    NotFoundError,
+    ResidencyError,
+    StorageError,
+    ValidationError,
+)
 
 __all__ = [
     "FD_RESERVE",
@@ -41,15 +54,21 @@ __all__ = [
     "ConnectionGuard",
     "LimitedSite",
     "ListenerLimits",
+    "RequestMetrics",
+    "RequestObserver",
     "bearer_refusal",
     "check_bearer",
-    "json_errors",
+    "error_response",
     "parse_json_document",
+    "route_name",
+    "service_shell",
     "start_site",
+    "status_of",
     "unauthorized",
 ]
 
 log = logging.getLogger(__name__)
+request_log = logging.getLogger("netopt.http")
 
 MAX_CONNECTIONS = 4096
 """Connections one listener holds at most, whatever the descriptor limit."""
@@ -281,16 +300,148 @@ def bearer_refusal(request: web.Request, token: str) -> web.Response | None:
     return None
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer an HTTP error raised below as a JSON body with the same status."""
+def status_of(exc: NetoptError) -> int:
+    """The HTTP status of a netopt error raised while handling a request."""
+    if isinstance(exc, AuthenticationError):
+        return 401
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ResidencyError):
+        return 403
+    if isinstance(exc, ValidationError):
+        return 400
+    if isinstance(exc, StorageError):
+        return 503
+    return 500
+
+
+def error_response(status: int, name: str, message: str, **extra: object) -> web.Response:
+    """The one error body ``{"error": NAME, "message": TEXT[, ...]}`` with ``status``."""
+    return web.json_response({"error": name, "message": message[:500], **extra}, status=status)
+
+
+def route_name(request: web.Request) -> str:
+    """The route's pattern (``/v1/datasets/{name}``), ``unmatched`` for an unknown path:
+    a label that a peer cannot grow without bound."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+class RequestObserver(Protocol):
+    """Where a service's request metrics go (e.g. a Prometheus counter and histogram)."""
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None: ...
+
+
+REQUEST_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.5,
+                     1.0, 2.5)  # fmt: skip
+
+
+class RequestMetrics:
+    """A service's request metrics in ``registry``: ``PREFIX_requests_total`` by route,
+    method and status, ``PREFIX_request_duration_seconds`` by route; a `RequestObserver`."""
+
+    def __init__(self, prefix: str, registry: prometheus_client.CollectorRegistry) -> None:
+        self.requests = prometheus_client.Counter(
+            f"{prefix}_requests",
+            "HTTP requests by route, method and status.",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.latency = prometheus_client.Histogram(
+            f"{prefix}_request_duration_seconds",
+            "Time to handle a request, by route.",
+            ["route"],
+            buckets=REQUEST_BUCKETS_S,
+            registry=registry,
+        )
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count one handled request."""
+        self.latency.labels(route).observe(seconds)
+        self.requests.labels(route, method, str(status)).inc()
+
+
+def service_shell(
+    service: str,
+    *,
+    max_request_bytes: int,
+    limit_key: str | None = None,
+    observer: RequestObserver | None = None,
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The middleware a ``service`` app puts first: JSON errors, request log, metrics.
+
+    ``max_request_bytes`` is the app's body limit (its ``client_max_size``), named in a
+    413 answer by ``limit_key`` (the config key that sets it) when given.
+    """
+
+    @web.middleware
+    async def shell(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await _answer(request, handler, service, max_request_bytes, limit_key)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status  # a redirect, or an error with its JSON body: aiohttp sends it
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            route = route_name(request)
+            if observer is not None:
+                observer.observe(route, request.method, status, seconds)
+            request_log.debug(
+                "%s %s %s %d %.1f ms", service, request.method, route, status, seconds * 1e3
+            )
+
+    return shell
+
+
+async def _answer(
+    request: web.Request,
+    handler: Handler,
+    service: str,
+    max_bytes: int,
+    limit_key: str | None,
+) -> web.StreamResponse:
     try:
         return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400 or exc.content_type == "application/json":
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        if request.writer.output_size > 0:
+            raise  # the answer has begun: only closing the connection is left (aiohttp)
+        if isinstance(exc, web.HTTPException) and (
+            exc.status < 400 or exc.content_type == "application/json"
+        ):
             raise  # a redirect, or an error that already has its JSON body
-        message = exc.text if exc.text and exc.content_type == "text/plain" else exc.reason
-        name = type(exc).__name__.removeprefix("HTTP")
-        return web.json_response(
-            {"error": name, "message": (message or "")[:500]}, status=exc.status
-        )
+        return _error_of(request, exc, service, max_bytes, limit_key)
+
+
+def _error_of(
+    request: web.Request, exc: Exception, service: str, max_bytes: int, limit_key: str | None
+) -> web.StreamResponse:
+    if isinstance(exc, NetoptError):
+        status = status_of(exc)
+        if status == 500:
+            log.error("%s: request %s %s failed", service, request.method, request.path,
+                      exc_info=exc)  # fmt: skip
+        response = web.json_response(exc.to_dict(), status=status)
+        if status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="netopt"'
+        return response
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        limit = f"{limit_key} ({max_bytes})" if limit_key else f"the limit of {max_bytes} bytes"
+        return error_response(413, "RequestTooLarge", f"body exceeds {limit}")
+    if isinstance(exc, web.HTTPException):
+        # aiohttp's own text is "404: Not Found"; a handler's text says more.
+        given = exc.text if exc.content_type == "text/plain" else None
+        default = f"{exc.status}: {exc.reason}"
+        message = given if given and given != default else exc.reason
+        response = error_response(exc.status, type(exc).__name__.removeprefix("HTTP"), message)
+        if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    log.error("%s: request %s %s failed", service, request.method, request.path, exc_info=exc)
+    return error_response(500, "InternalError", f"the {service} failed to handle this request")

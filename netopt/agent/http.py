@@ -12,7 +12,7 @@ from netopt.agent.doctor_api import doctor_routes
 from netopt.cache.peerserve import CachedDatasets, agent_cpu_profile
 from netopt.dataplane.handlers import STATS, ServeSettings, auth_middleware
 from netopt.dataplane.server import add_dataplane
-from netopt.webshell import json_errors
+from netopt.webshell import service_shell
 
 if TYPE_CHECKING:
     from netopt.agent.daemon import Agent
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["AGENT", "create_app"]
 
 AGENT: web.AppKey[Agent] = web.AppKey("agent")
+MAX_REQUEST_BYTES = 64 * 1024
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -51,7 +52,8 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(agent: Agent) -> web.Application:
     """The agent's web app. Health and metrics carry no secrets, so need no token; the
     doctor routes do (see ``doctor_api``)."""
-    app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors, auth_middleware])
+    shell = service_shell("agent", max_request_bytes=MAX_REQUEST_BYTES, observer=agent.metrics.http)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[shell, auth_middleware])
     app[AGENT] = agent
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
     app.add_routes(doctor_routes(agent))

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from netopt.webshell import RequestMetrics
+
 __all__ = ["AgentMetrics", "TotalsCounter"]
 
 
@@ -46,6 +48,7 @@ class AgentMetrics:
 
     def __post_init__(self) -> None:
         r = self.registry
+        self.http = RequestMetrics("netopt_agent", r)  # its HTTP app's, by the service shell
         self.summaries = Counter(
             "netopt_agent_summaries", "Link summaries produced", ["method"], registry=r
         )

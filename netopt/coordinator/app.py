@@ -2,10 +2,10 @@
 
 ``create_app(settings, deps) -> web.Application``. Handlers parse and validate,
 call :class:`~netopt.coordinator.service.Coordinator`, and serialise. Every
-error is a JSON body ``{"error": NAME, "message": TEXT[, "field": PATH]}``:
-400 invalid request, 401 missing/wrong token, 403 residency refusal, 404 unknown node
-or route,
-405 wrong method, 413 body over ``max_request_bytes``, 503 storage failure.
+error is, through the shared `netopt.webshell.service_shell`, a JSON body
+``{"error": NAME, "message": TEXT[, "field": PATH]}``: 400 invalid request, 401
+missing/wrong token, 403 residency refusal, 404 unknown node or route, 405 wrong method,
+413 body over ``max_request_bytes``, 503 storage failure.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from netopt.config import CoordinatorSettings, resolve_token
 from netopt.coordinator import dashboard, linkmetrics
@@ -29,14 +28,9 @@ from netopt.coordinator.catalogue_api import CATALOGUE, CATALOGUE_ROUTES, ChunkC
 from netopt.coordinator.database import Database
 from netopt.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from netopt.coordinator.openapi import openapi_document, query_names
-from netopt.coordinator.service import Coordinator, NotFoundError, PlacementRequest
-from netopt.errors import (
-    AuthenticationError,
-    NetoptError,
-    ResidencyError,
-    StorageError,
-    ValidationError,
-)
+from netopt.coordinator.service import Coordinator, PlacementRequest
+from netopt.errors import StorageError
+from netopt.webshell import service_shell
 from netopt.wire.fields import RequestInvalid, parse_json_body
 from netopt.wire.schema import (
     Heartbeat,
@@ -69,71 +63,6 @@ class CoordinatorDeps:
 
 def _json(data: object, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, allow_nan=False))
-
-
-def _error(status: int, name: str, message: str, **extra: object) -> web.Response:
-    return _json({"error": name, "message": message, **extra}, status=status)
-
-
-def _status_of(exc: NetoptError) -> int:
-    if isinstance(exc, AuthenticationError):
-        return 401
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, ResidencyError):
-        return 403
-    if isinstance(exc, ValidationError):
-        return 400
-    if isinstance(exc, StorageError):
-        return 503
-    return 500
-
-
-def _route_name(request: web.Request) -> str:
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else "unmatched"
-
-
-def _error_middleware(metrics: CoordinatorMetrics, max_bytes: int) -> Callable[..., object]:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        started = time.perf_counter()
-        try:
-            response = await _guarded(request, handler, max_bytes)
-        finally:
-            route = _route_name(request)
-            metrics.latency.labels(route).observe(time.perf_counter() - started)
-        metrics.requests.labels(_route_name(request), request.method, str(response.status)).inc()
-        return response
-
-    return middleware
-
-
-async def _guarded(request: web.Request, handler: Handler, max_bytes: int) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except NetoptError as exc:
-        status = _status_of(exc)
-        if status == 500:
-            log.exception("request %s %s failed", request.method, request.path)
-        response = _json(exc.to_dict(), status=status)
-        if status == 401:
-            response.headers["WWW-Authenticate"] = 'Bearer realm="netopt"'
-        return response
-    except web.HTTPRequestEntityTooLarge:
-        return _error(413, "RequestTooLarge", f"body exceeds max_request_bytes ({max_bytes})")
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        response = _error(exc.status, type(exc).__name__.removeprefix("HTTP"), exc.reason)
-        if "Allow" in exc.headers:  # a 405 says which methods the path has (RFC 9110)
-            response.headers["Allow"] = exc.headers["Allow"]
-        return response
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("request %s %s failed", request.method, request.path)
-        return _error(500, "InternalError", "the coordinator failed to handle this request")
 
 
 async def _body(request: web.Request) -> object:
@@ -368,7 +297,12 @@ def create_app(
         client_max_size=settings.max_request_bytes,
         middlewares=[
             dashboard.security_headers,
-            _error_middleware(metrics, settings.max_request_bytes),  # type: ignore[list-item]
+            service_shell(
+                "coordinator",
+                max_request_bytes=settings.max_request_bytes,
+                limit_key="max_request_bytes",
+                observer=metrics.http,
+            ),
             token_middleware(token),
         ],
     )

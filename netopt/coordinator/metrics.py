@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from netopt.webshell import RequestMetrics
+
 __all__ = ["CONTENT_TYPE", "CoordinatorMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5)
 
 
 class _NodeStates(Collector):
@@ -29,23 +30,13 @@ class _NodeStates(Collector):
 
 
 class CoordinatorMetrics:
-    """Request, ingest and node-state metrics; ``render()`` gives the exposition text."""
+    """Request (``http``, the service shell's), ingest and node-state metrics; ``render()``
+    gives the exposition text."""
 
     def __init__(self, node_counts: Callable[[], dict[str, int]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "netopt_coordinator_requests",
-            "HTTP requests by route, method and status.",
-            ["route", "method", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "netopt_coordinator_request_duration_seconds",
-            "Time to handle a request, by route.",
-            ["route"],
-            buckets=_BUCKETS_S,
-            registry=self.registry,
-        )
+        self.http = RequestMetrics("netopt_coordinator", self.registry)
+        self.requests, self.latency = self.http.requests, self.http.latency
         self.batches = Counter(
             "netopt_coordinator_batches",
             "Summary batches received, stored or recognised as duplicates.",

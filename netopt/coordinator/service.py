@@ -19,7 +19,7 @@ from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
 from netopt.coordinator.database import Database
 from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
-from netopt.errors import NetoptError, ResidencyError
+from netopt.errors import NotFoundError, ResidencyError
 from netopt.names import DATASET_NAME_RE, NODE_NAME_RE
 from netopt.wire.fields import Reader
 from netopt.wire.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
@@ -30,10 +30,6 @@ NodeState = Literal["live", "stale", "left"]
 PLAN_CACHE_S = 1.0
 INLINE_PLAN_NODES = 128
 REPLAN_MIN_INTERVAL_S = 2.0
-
-
-class NotFoundError(NetoptError):
-    """The named node or link is not known to the coordinator (HTTP 404)."""
 
 
 def node_state(node: StoredNode, now_s: float, stale_after_s: float) -> NodeState:

@@ -59,10 +59,11 @@ from netopt.dataplane.served import DatasetView, ServedDataset, load_dataset
 from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ValidationError
 from netopt.transfer.planner import CpuProfile
-from netopt.webshell import ListenerLimits, json_errors, start_site
+from netopt.webshell import ListenerLimits, service_shell, start_site
 
 __all__ = [
     "DATASETS",
+    "MAX_REQUEST_BYTES",
     "STATS",
     "DatasetView",
     "ServeSettings",
@@ -74,6 +75,9 @@ __all__ = [
     "load_dataset",
     "start_server",
 ]
+
+MAX_REQUEST_BYTES = 1024**2
+"""A request body's limit (a batch names at most a few thousand chunks; aiohttp's default)."""
 
 
 async def _executor_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -120,7 +124,8 @@ def create_app(
     ``datasets`` is kept as given, so a live mapping (an agent's cache) serves
     datasets that appear after the start.
     """
-    app = web.Application(middlewares=[json_errors, auth_middleware])
+    shell = service_shell("data plane", max_request_bytes=MAX_REQUEST_BYTES)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[shell, auth_middleware])
     add_dataplane(app, settings, datasets, cpu_profile, stats)
     return app
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from netopt.dataplane.handlers import auth_middleware
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
-from netopt.webshell import json_errors
+from netopt.webshell import service_shell
 from tests.service.dataplane_helpers import CHUNK_BYTES, CPU, TOKEN, check_tree, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,13 @@ async def _serve(root: Path, seen: list[Seen]) -> tuple[web.AppRunner, int]:
         finally:
             seen.append(Seen(_route(request.path), started_s, time.monotonic()))
 
-    app = web.Application(middlewares=[record, json_errors, auth_middleware])
+    app = web.Application(
+        middlewares=[
+            record,
+            service_shell("data plane", max_request_bytes=1024**2),
+            auth_middleware,
+        ]
+    )
     dataset = load_dataset(root, "ds", CHUNK_BYTES)
     add_dataplane(app, ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU)
     return await start_server(app, "127.0.0.1", 0)
