@@ -34,7 +34,7 @@ from netopt import __version__
 from netopt.agent.backoff import first_phase_s, full_jitter_s, jittered_period_s
 from netopt.agent.host import cpu_count, local_nics
 from netopt.agent.http import create_app
-from netopt.agent.metrics import AgentMetrics
+from netopt.agent.metrics import AgentMetrics, SyncTotalsCollector
 from netopt.agent.probing import PeerProbing
 from netopt.agent.reporter import NeedsRegistration, Reporter
 from netopt.agent.spool import Spool
@@ -115,6 +115,7 @@ class Agent:
         self.wall_clock = wall_clock
         self.rng = rng if rng is not None else random.Random()  # timing only, not secrets
         self.metrics = AgentMetrics()
+        self.metrics.registry.register(SyncTotalsCollector(settings.cache.dir))
         self.spool = Spool(settings.spool.dir, settings.spool.max_bytes)
         self.reporter = Reporter(settings.node, self.spool, self.metrics)
         self.started_at_s = time.monotonic()

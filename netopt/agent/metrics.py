@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from netopt.cache.synctotals import SyncTotals, read_totals
 from netopt.webshell import RequestMetrics
 
-__all__ = ["AgentMetrics", "TotalsCounter"]
+__all__ = ["AgentMetrics", "SyncTotalsCollector", "TotalsCounter"]
 
 
 class TotalsCounter(Collector):
@@ -38,6 +40,69 @@ class TotalsCounter(Collector):
         for value, total in sorted(self._totals.items()):
             family.add_metric([value] if self._label else [], total)
         yield family
+
+
+_SYNC_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("written_bytes", "netopt_sync_written_bytes", "Bytes of files syncs wrote into DEST"),
+    (
+        "reused_bytes",
+        "netopt_sync_reused_bytes",
+        "Bytes syncs needed and found in the cache or DEST (cache hits)",
+    ),
+    (
+        "fetched_bytes",
+        "netopt_sync_fetched_bytes",
+        "Bytes of chunks syncs fetched (logical, before compression)",
+    ),
+    ("seconds", "netopt_sync_duration_seconds", "Wall clock of syncs, ended well or not"),
+)
+
+
+class SyncTotalsCollector(Collector):
+    """The node's `netopt sync` totals (`netopt.cache.synctotals`), read at each scrape.
+
+    Hit ratio: ``reused / (reused + fetched)``; throughput: ``rate(written) /
+    rate(duration)``; border bytes saved: ``wire_bytes{source="peers"}``.
+    """
+
+    def __init__(self, cache_dir: str | Path) -> None:
+        self._cache_dir = cache_dir
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        totals: dict[str, SyncTotals] = read_totals(self._cache_dir)
+        runs = CounterMetricFamily(
+            "netopt_sync_runs",
+            "Syncs into this node's cache by outcome",
+            labels=["dataset", "outcome"],
+        )
+        wire = CounterMetricFamily(
+            "netopt_sync_wire_bytes",
+            "Wire bytes syncs fetched, by source: the dataset's origin, or in-region peers "
+            "(bytes that did not cross a border again)",
+            labels=["dataset", "source"],
+        )
+        last = GaugeMetricFamily(
+            "netopt_sync_last_success_timestamp_seconds",
+            "Unix time of the last sync that ended well",
+            labels=["dataset"],
+        )
+        families = {
+            key: CounterMetricFamily(name, doc, labels=["dataset"])
+            for key, name, doc in _SYNC_COUNTERS
+        }
+        for dataset, t in sorted(totals.items()):
+            runs.add_metric([dataset, "ok"], t.runs_ok)
+            runs.add_metric([dataset, "failed"], t.runs_failed)
+            wire.add_metric([dataset, "origin"], t.origin_wire_bytes)
+            wire.add_metric([dataset, "peers"], t.peer_wire_bytes)
+            if t.last_success_s:
+                last.add_metric([dataset], t.last_success_s)
+            for key, family in families.items():
+                family.add_metric([dataset], getattr(t, key))
+        yield runs
+        yield wire
+        yield from families.values()
+        yield last
 
 
 @dataclass

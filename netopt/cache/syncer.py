@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from netopt.cache.residency import check_residency, find_spec
 from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
 from netopt.cache.store import Cache
+from netopt.cache.synctotals import SyncTotals, record_sync
 from netopt.config.datasets import DatasetsSettings
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource
@@ -379,6 +380,40 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     source_options = req.source_options
     if source_options.state_dir is None:
         source_options = replace(source_options, state_dir=str(Path(req.cache_dir) / "sources"))
+    try:
+        report = await _run_sync_restarting(req, source_options, on_progress, started_s)
+    except Exception:
+        if not req.dry_run:
+            failed = SyncTotals(runs_failed=1, seconds=time.monotonic() - started_s)
+            await asyncio.to_thread(record_sync, req.cache_dir, name, failed)
+        raise
+    if not report.dry_run:
+        await asyncio.to_thread(record_sync, req.cache_dir, name, _totals_of(report))
+    return report
+
+
+def _totals_of(report: SyncReport) -> SyncTotals:
+    """One sync's figures for the cache's sync totals."""
+    s = report.summary
+    from_peers = int(report.sharing.get("wire_bytes_from_peers", 0)) if report.sharing else 0
+    return SyncTotals(
+        runs_ok=1,
+        written_bytes=s.logical_bytes if s else 0,
+        reused_bytes=report.plan.bytes_reused,
+        fetched_bytes=s.fetched_logical_bytes if s else 0,
+        origin_wire_bytes=max(0, report.wire_bytes - from_peers),
+        peer_wire_bytes=from_peers,
+        seconds=report.seconds,
+    )
+
+
+async def _run_sync_restarting(
+    req: SyncRequest,
+    source_options: SourceOptions,
+    on_progress: ProgressCallback | None,
+    started_s: float,
+) -> SyncReport:
+    """`_run_sync_once`, started again on each new version the origin publishes meanwhile."""
     for restart in range(MAX_VERSION_RESTARTS + 1):
         try:
             report = await _run_sync_once(req, source_options, on_progress)

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -330,7 +331,8 @@ def _exported_names() -> set[str]:
     """Every metric name netopt exports, from the real exporters' text output."""
     from prometheus_client import generate_latest
 
-    from netopt.agent.metrics import AgentMetrics
+    from netopt.agent.metrics import AgentMetrics, SyncTotalsCollector
+    from netopt.cache.synctotals import SyncTotals, record_sync
     from netopt.coordinator.linkmetrics import link_families
     from netopt.coordinator.metrics import CoordinatorMetrics
 
@@ -354,7 +356,11 @@ def _exported_names() -> set[str]:
         "window": {"loss_ratio": 0.0, "probes_sent": 100},
         "bandwidth": {"single_stream_bps": 1e6, "aggregate_bps": 2e6},
     }  # fmt: skip
-    text = (generate_latest(agent.registry) + coordinator.render(link_families([link]))).decode()
+    with tempfile.TemporaryDirectory() as cache_dir:
+        record_sync(cache_dir, "ds", SyncTotals(runs_ok=1, written_bytes=1, seconds=1.0))
+        agent.registry.register(SyncTotalsCollector(cache_dir))
+        agent_text = generate_latest(agent.registry)
+    text = (agent_text + coordinator.render(link_families([link]))).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
 
@@ -380,3 +386,10 @@ def test_dashboard_and_alerts_use_only_metrics_netopt_exports() -> None:
     # What the issue asks to see: link heatmaps, node health, loss with its interval.
     assert any(p["type"] == "heatmap" for p in dashboard["panels"])
     assert {"netopt_link_loss_ratio_upper", "netopt_coordinator_nodes"} <= used
+    # ... and transfer throughput, the cache hit ratio, border bytes saved, sync failures.
+    assert {
+        "netopt_sync_written_bytes_total",
+        "netopt_sync_reused_bytes_total",
+        "netopt_sync_wire_bytes_total",
+        "netopt_sync_runs_total",
+    } <= used
