@@ -47,6 +47,7 @@ from netopt.measure.samples import ProbeTarget
 from netopt.measure.service import ProbeServer
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
+from netopt.tlsconf import listener_context, section_client_tls, use_client_tls
 from netopt.webshell import start_site
 from netopt.wire.client import CoordinatorClient
 from netopt.wire.schema import Heartbeat, LinkSummary, OutageRecord, Registration
@@ -136,13 +137,16 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, measure and report until ``stop`` is set; then shut down cleanly."""
         s = self.settings
+        tls = listener_context(s.tls, s.listen.host, f"agent {s.node}")
+        # The agent's own clients (reporter, peers' data planes) follow its tls: section.
+        use_client_tls(section_client_tls(s.tls, f"agent {s.node}: tls"))
         self.probe_server = await ProbeServer.start(
             self.token, s.listen.host, s.probe.port, batch_s=s.probe.batch_s
         )
         runner = web.AppRunner(create_app(self), access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await start_site(runner, host=s.listen.host, port=s.listen.port)
+            await start_site(runner, host=s.listen.host, port=s.listen.port, ssl_context=tls)
         except OSError as exc:
             await runner.cleanup()
             await self.probe_server.close()

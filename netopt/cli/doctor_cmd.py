@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from netopt.cli.output import console, err_console, print_json
+from netopt.cli.tls_opts import client_tls_options
 from netopt.config import LinksSettings, cli_token, load_settings
 from netopt.doctor import apply as apply_mod
 from netopt.doctor import ports
@@ -211,6 +212,7 @@ def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[
     help="With --listen: how long to serve.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@client_tls_options()
 def doctor_command(
     node: str | None,
     peers: str | None,

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -16,8 +17,10 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from netopt.cli.output import console, err_console, print_json
-from netopt.config import cli_token, load_settings, resolve_token
+from netopt.cli.tls_opts import client_tls_options, serve_tls_options
+from netopt.config import TlsSettings, cli_token, load_settings, resolve_token
 from netopt.errors import NetoptError, StorageError, UsageError, ValidationError
+from netopt.tlsconf import listener_context
 
 if TYPE_CHECKING:
     # The rest is imported where used. ``netopt sync`` starts its first requests (see
@@ -58,9 +61,11 @@ async def run_serve(
     codec_cache: str | None,
     precompress_level: int | None = None,
     frames_dir: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> int:
-    """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM; with
-    ``precompress_level``, compress every chunk once at that level meanwhile."""
+    """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM (over TLS with
+    ``ssl_context``); with ``precompress_level``, compress every chunk once at that level
+    meanwhile."""
     from netopt.dataplane.frames import FrameStore, frames_dir_for
     from netopt.dataplane.origin import LiveDataset
     from netopt.dataplane.server import create_app, start_server
@@ -79,7 +84,7 @@ async def run_serve(
     # Clients plan with the cores this server will actually compress on.
     cpu = dataclasses.replace(cpu, cores=settings.worker_threads)
     app = create_app(settings, {name: live}, cpu)
-    runner, bound = await start_server(app, host, port)
+    runner, bound = await start_server(app, host, port, ssl_context=ssl_context)
     shown = f"[{host}]" if ":" in host else host
     serving = (
         f"serving netopt://{shown}:{bound}/{name} ({len(dataset.manifest.files)} files, "
@@ -180,6 +185,7 @@ async def _precompress(store: FrameStore, dataset: ServedDataset, workers: int) 
     default=None,
     help="Where precompressed frames are kept (default ~/.cache/netopt/frames).",
 )
+@serve_tls_options
 def serve_command(
     directory: str,
     name: str | None,
@@ -192,6 +198,7 @@ def serve_command(
     threads: int | None,
     precompress_level: int | None,
     frames_dir: str | None,
+    tls: TlsSettings,
 ) -> int:
     """Serve DIRECTORY as a dataset at netopt://HOST:PORT/NAME.
 
@@ -199,6 +206,7 @@ def serve_command(
     random token is generated and printed (pass it to clients as NETOPT_TOKEN).
     """
     host, port = _parse_bind(bind)
+    ssl_context = listener_context(tls, host, "netopt serve")
     dataset_name = name or Path(directory).resolve().name
     token = None if no_auth else cli_token(token_file, required=False)
     if token is None and not no_auth:
@@ -212,7 +220,7 @@ def serve_command(
     return asyncio.run(
         run_serve(
             directory, dataset_name, host, port, settings, chunk_size_bytes, codec_cache,
-            precompress_level, frames_dir,
+            precompress_level, frames_dir, ssl_context,
         )
     )  # fmt: skip
 
@@ -364,6 +372,7 @@ class _Bar:
     default=None,
     help="s3://: the AWS config profile (default: AWS_ACCESS_KEY_ID etc. from the env).",
 )
+@client_tls_options(agent_config="config_file")
 def sync_command(
     source: str,
     dest: str,
@@ -692,6 +701,7 @@ def _coordinator_link(
     help="Codec speed cache (default ~/.cache/netopt/codec.json).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@client_tls_options()
 def plan_command(
     rate_mbps: float | None,
     rtt_ms: float | None,

@@ -4,6 +4,10 @@ Errors, by what the caller should do:
 
 - :class:`~netopt.errors.PeerUnreachableError`: connection refused or timed out,
   or a 5xx answer. Retry later (the agent spools and replays).
+- :class:`~netopt.errors.TlsError`: the TLS handshake was refused (wrong CA, expired
+  certificate, wrong host name, no client certificate), or http:// while TLS is on.
+- :class:`~netopt.errors.UsageError`: the token would go in plaintext to a non-loopback
+  host (`netopt.tlsconf.client_ssl`); refused before any byte is sent.
 - :class:`~netopt.errors.AuthenticationError`: 401, the token is wrong. Fix config.
 - :class:`CoordinatorRejected` (a ValidationError): any other 4xx, with ``status``
   and the JSON ``body``. Resending the same request will not help; a 404 on an
@@ -22,8 +26,10 @@ from netopt.errors import (
     AuthenticationError,
     PeerUnreachableError,
     ResidencyError,
+    TlsError,
     ValidationError,
 )
+from netopt.tlsconf import client_ssl, explain_tls_failure
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
 __all__ = ["CoordinatorClient", "CoordinatorRejected"]
@@ -45,10 +51,17 @@ class CoordinatorClient:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._ssl = client_ssl(self.base_url, sends_token=True)
         self._session: aiohttp.ClientSession | None = None
 
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, headers=self._headers
+        )
+
     async def __aenter__(self) -> CoordinatorClient:
-        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        self._session = self._open()
         return self
 
     async def __aexit__(
@@ -67,7 +80,7 @@ class CoordinatorClient:
     ) -> Any:
         """Send one request; the decoded JSON answer, or one of the module's errors."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._session = self._open()
         url = self.base_url + path
         data = None if body is None else json.dumps(body, allow_nan=False).encode()
         headers = {"Content-Type": "application/json"} if data is not None else None
@@ -78,7 +91,12 @@ class CoordinatorClient:
                 raw = await response.read()
                 status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            tls_cause = explain_tls_failure(exc)
+            if tls_cause is not None:
+                raise TlsError(f"coordinator {self.base_url}: {tls_cause}") from None
             reason = str(exc) or type(exc).__name__
+            if self._ssl is None and isinstance(exc, aiohttp.ServerDisconnectedError):
+                reason += " (a TLS server closes plain HTTP: use https:// and --tls-ca)"
             raise PeerUnreachableError(
                 f"coordinator {self.base_url} unreachable: {reason}"
             ) from exc
