@@ -43,6 +43,7 @@ __all__ = [
     "client_ssl",
     "current_client_tls",
     "data_scheme",
+    "disconnect_hint",
     "explain_tls_failure",
     "is_loopback",
     "listener_context",
@@ -255,6 +256,21 @@ _REASON_CAUSES = {
 }
 
 
+def disconnect_hint(url: str) -> tuple[str, bool]:
+    """Why a server at ``url`` may have closed the connection without answering, and
+    whether that is a TLS refusal for sure enough to stop retrying: a TLS server closes
+    plain HTTP; under TLS 1.3 a server requiring a client certificate this side does not
+    have sends its alert after the handshake, which reaches aiohttp as a disconnect."""
+    if urlsplit(url).scheme != "https":
+        return "a TLS server closes plain HTTP: use https:// and --tls-ca", False
+    if current_client_tls().cert_file is None:
+        return (
+            "the server requires a client certificate (mutual TLS): give --tls-cert and --tls-key",
+            True,
+        )
+    return "the server may have refused this side's client certificate", False
+
+
 def explain_tls_failure(exc: BaseException) -> str | None:
     """One sentence naming why a TLS connection failed, from ``exc`` or its chain; None
     when no ssl failure is in it."""
@@ -262,14 +278,21 @@ def explain_tls_failure(exc: BaseException) -> str | None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        for candidate in (current, getattr(current, "certificate_error", None),
-                          getattr(current, "os_error", None)):  # fmt: skip
+        # aiohttp's wrappers subclass the ssl errors without their fields: look inside first.
+        inner = (getattr(current, "certificate_error", None), getattr(current, "os_error", None))
+        for candidate in (*inner, current):
             if isinstance(candidate, ssl.SSLCertVerificationError):
-                cause = _VERIFY_CAUSES.get(candidate.verify_code)
-                return cause or f"certificate verification failed: {candidate.verify_message}"
+                code = getattr(candidate, "verify_code", None)
+                if code is None:
+                    continue
+                cause = _VERIFY_CAUSES.get(code)
+                message = getattr(candidate, "verify_message", "")
+                return cause or f"certificate verification failed: {message}"
             if isinstance(candidate, ssl.SSLError):
-                reason = candidate.reason or ""
-                return _REASON_CAUSES.get(reason, f"TLS failed: {reason or candidate}")
+                reason = getattr(candidate, "reason", None)
+                if reason is None and candidate is current and any(inner):
+                    continue
+                return _REASON_CAUSES.get(reason or "", f"TLS failed: {reason or candidate}")
         current = current.__cause__ or current.__context__
     return None
 

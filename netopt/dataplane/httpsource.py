@@ -47,10 +47,11 @@ from netopt.errors import (
     DatasetChangedError,
     NetworkError,
     ProtocolError,
+    TlsError,
     ValidationError,
 )
 from netopt.names import is_dataset_name
-from netopt.tlsconf import client_ssl, data_scheme
+from netopt.tlsconf import client_ssl, data_scheme, disconnect_hint
 from netopt.transfer.adapt import LevelAdapter
 from netopt.transfer.manifest import Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
@@ -439,6 +440,11 @@ class HttpChunkSource:
                     body += piece
                     self.wire_bytes += len(piece)
                 return body, resp.headers.get("X-Netopt-Codec", "identity")
+        except aiohttp.ServerDisconnectedError as exc:
+            hint, refused = disconnect_hint(self.url.base)
+            if refused:
+                raise TlsError(f"{self.url}: {hint}") from None
+            raise map_errors(exc, where, f"{self.url} is unreachable") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise map_errors(exc, where, f"{self.url} is unreachable") from exc
 

@@ -20,7 +20,7 @@ import aiohttp
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import FRAME_HEADER, RawChunk, max_frame_bytes, parse_frame_header
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, TlsError
-from netopt.tlsconf import data_scheme, explain_tls_failure
+from netopt.tlsconf import data_scheme, disconnect_hint, explain_tls_failure
 
 __all__ = [
     "ChunkStream",
@@ -226,11 +226,11 @@ def map_errors(exc: BaseException, where: str, unreachable: str) -> BaseExceptio
         return NetworkError(f"{where}: the stream ended early")
     if isinstance(exc, aiohttp.ClientConnectorError):
         return PeerUnreachableError(f"{unreachable}: {exc}")
-    if isinstance(exc, aiohttp.ServerDisconnectedError) and data_scheme() == "http":
-        return NetworkError(
-            f"{where}: the server closed the connection without answering (a TLS server "
-            "does that to plain HTTP: give the cluster CA with --tls-ca)"
-        )
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # Retried like any disconnect (a restarting server); the first request of a
+        # source stops at a sure TLS refusal (HttpChunkSource._get).
+        hint, _ = disconnect_hint(f"{data_scheme()}://")
+        return NetworkError(f"{where}: the server closed the connection unanswered ({hint})")
     if isinstance(exc, aiohttp.ClientError | TimeoutError):
         return NetworkError(f"{where}: {type(exc).__name__}: {exc}")
     return exc

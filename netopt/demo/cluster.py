@@ -77,6 +77,9 @@ class Cluster:
             # The demo and the tests measure bandwidth themselves and count the bytes on
             # the links: scheduled bulk-TCP tests would land in the middle of that.
             "probe_plan: {bandwidth_tests: false}\n"
+            # The lab's namespaces are a network of this host's own: plaintext is allowed
+            # there explicitly (netopt refuses it on a non-loopback address otherwise).
+            "tls: {allow_plaintext: true}\n"
         )
         self._spawn(self.coordinator_node, "coordinator", ["coordinator", "--config", str(config)])
         self._wait_for_coordinator()
@@ -98,6 +101,7 @@ class Cluster:
             f"window_s: {self.probe_window_s}}}\n"
             f"spool: {{dir: {self.workdir / ('spool-' + node)}}}\n"
             f"cache: {{dir: {self.workdir / ('cache-' + node)}}}\n"
+            "tls: {allow_plaintext: true}\n"
         )
         return path
 
@@ -118,7 +122,7 @@ class Cluster:
         token) and wait until it answers ``/v1/health`` (it chunks the data first)."""
         host, port = self.site.address(node), self.site.port(node, base_port)
         args = ["serve", str(directory), "--name", name, "--bind", f"{host}:{port}",
-                "--token-file", str(self.token_file), *extra]  # fmt: skip
+                "--token-file", str(self.token_file), "--allow-plaintext", *extra]  # fmt: skip
         self._spawn(node, f"serve-{name}", args)
         health = f"http://{host}:{port}/v1/health"
         script = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"

@@ -29,7 +29,7 @@ from netopt.errors import (
     TlsError,
     ValidationError,
 )
-from netopt.tlsconf import client_ssl, explain_tls_failure
+from netopt.tlsconf import client_ssl, disconnect_hint, explain_tls_failure
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
 __all__ = ["CoordinatorClient", "CoordinatorRejected"]
@@ -95,8 +95,11 @@ class CoordinatorClient:
             if tls_cause is not None:
                 raise TlsError(f"coordinator {self.base_url}: {tls_cause}") from None
             reason = str(exc) or type(exc).__name__
-            if self._ssl is None and isinstance(exc, aiohttp.ServerDisconnectedError):
-                reason += " (a TLS server closes plain HTTP: use https:// and --tls-ca)"
+            if isinstance(exc, aiohttp.ServerDisconnectedError):
+                hint, refused = disconnect_hint(self.base_url)
+                if refused:
+                    raise TlsError(f"coordinator {self.base_url}: {hint}") from None
+                reason += f" ({hint})"
             raise PeerUnreachableError(
                 f"coordinator {self.base_url} unreachable: {reason}"
             ) from exc
