@@ -28,6 +28,7 @@ from netopt.doctor.findings import DoctorReport
 from netopt.doctor.run import DoctorOptions, run_doctor
 from netopt.doctor.sysctl import read_sysctl
 from netopt.errors import ConfigError, UsageError
+from netopt.tlsconf import current_client_tls
 
 __all__ = ["doctor_command"]
 
@@ -278,6 +279,9 @@ def doctor_command(
             master_port=master_port,
             token=token,
             check_mtu=not no_mtu,
+            cert_files=tuple(
+                p for p in (current_client_tls().cert_file, current_client_tls().ca_file) if p
+            ),
         )
     )
     applied = _apply(report, undo_file, as_json) if do_apply else None

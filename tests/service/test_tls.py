@@ -307,3 +307,20 @@ def test_sync_over_mutual_tls_is_byte_for_byte_and_leaks_no_secret(
     for text in (out.out + out.err, refused.out + refused.err, log.read_text()):
         assert TOKEN not in text
         assert not any(line in text for line in key_lines)
+
+
+def test_doctor_reports_a_certificate_expiring_within_30_days(
+    pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    soon = pki.issue("soon", days=10)
+    later = pki.issue("later", days=200)
+    for files, expected in ((soon, ["TLS certificate"]), (later, [])):
+        code = run_cli(["doctor", "--no-mtu", "--json", "--tls-cert", str(files.cert),
+                        "--tls-key", str(files.key), "--tls-ca", str(pki.ca)])  # fmt: skip
+        report = json.loads(capsys.readouterr().out)
+        assert code in (0, 1)  # 1: other findings of this machine
+        titles = [f["title"] for f in report["findings"] if f["check"] == "tls"]
+        assert [t.split(" ")[0] + " " + t.split(" ")[1] for t in titles] == expected, titles
+        if expected:
+            assert "expires in 10.0 days" in titles[0]
+            assert str(files.cert) in titles[0]
