@@ -212,13 +212,26 @@ class LimitedSite(web.BaseSite):
             )
 
         tls = self._ssl_context
+        # A handshake is not yet a connection the guard counts: it gets the header's
+        # deadline, so a client cannot hold sockets open by never finishing one.
+        handshake_s = self._limits.header_timeout_s if tls is not None else None
         if self._sock is not None:
             self._server = await loop.create_server(
-                factory, sock=self._sock, backlog=self._backlog, ssl=tls
+                factory,
+                sock=self._sock,
+                backlog=self._backlog,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
             )
         else:
             self._server = await loop.create_server(
-                factory, self._host, self._port, backlog=self._backlog, reuse_address=True, ssl=tls
+                factory,
+                self._host,
+                self._port,
+                backlog=self._backlog,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
             )
 
 

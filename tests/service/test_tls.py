@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ from netopt.tlsconf import (
     server_context,
     use_client_tls,
 )
+from netopt.webshell import ListenerLimits
 from netopt.wire.client import CoordinatorClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -324,3 +326,15 @@ def test_doctor_reports_a_certificate_expiring_within_30_days(
         if expected:
             assert "expires in 10.0 days" in titles[0]
             assert str(files.cert) in titles[0]
+
+
+def test_a_handshake_never_finished_is_closed_at_the_header_deadline(
+    server_files: NodeFiles,
+) -> None:
+    limits = ListenerLimits(header_timeout_s=0.5)
+    with thread_server(_context(server_files), limits) as url:  # type: ignore[arg-type]
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            assert sock.recv(1) == b""  # closed by the server, not timed out here
+            assert time.monotonic() - started < 10

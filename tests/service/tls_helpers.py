@@ -18,7 +18,7 @@ from aiohttp import web
 
 from netopt.cli.main import main
 from netopt.tlsca import CA_CERT, CA_KEY, IssuedPair, issue_cert, make_ca, node_files, write_files
-from netopt.webshell import bearer_refusal, start_site
+from netopt.webshell import ListenerLimits, bearer_refusal, start_site
 
 TOKEN = "tls-test-token-0123456789"
 NOW = dt.datetime.now(dt.UTC)
@@ -72,7 +72,9 @@ async def _links(request: web.Request) -> web.StreamResponse:
 
 
 @contextmanager
-def thread_server(ssl_context: ssl.SSLContext | None) -> Iterator[str]:
+def thread_server(
+    ssl_context: ssl.SSLContext | None, limits: ListenerLimits | None = None
+) -> Iterator[str]:
     """A coordinator-shaped app (``/api/v1/nodes``, ``/api/v1/links``) behind
     `webshell.start_site` on 127.0.0.1 in a thread; yields its URL."""
     loop = asyncio.new_event_loop()
@@ -85,7 +87,7 @@ def thread_server(ssl_context: ssl.SSLContext | None) -> Iterator[str]:
         app.router.add_get("/api/v1/links", _links)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await start_site(runner, host="127.0.0.1", port=0, ssl_context=ssl_context)
+        await start_site(runner, limits, host="127.0.0.1", port=0, ssl_context=ssl_context)
         state["runner"] = runner
         state["port"] = int(runner.addresses[0][1])
 
