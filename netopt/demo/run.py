@@ -335,8 +335,7 @@ def _transfer(
         "--loss", f"{min(cross.loss_ratio, 0.5):.6f}", "--sample", str(origin / "part-000.jsonl"),
         "--size-bytes", str(size), "--json",
     ))  # fmt: skip
-    # The lab's plaintext is explicit (see DemoCluster): the token may cross it.
-    token = ["--token-file", str(cluster.token_file), "--insecure"]
+    token = ["--token-file", str(cluster.token_file), *cluster.tls_args()]
     cluster.serve(origin_node, origin, "demo-data", SERVE_PORT)
 
     def url_for(node: str) -> str:
