@@ -3,8 +3,8 @@
 Keys are ECDSA P-256; a node certificate names the node (its common name and a DNS name)
 and the DNS names and IP addresses given, and serves both as a server and a client
 certificate (mutual TLS). Renewal is issuing again with ``--force``: the same CA, a new key
-and validity window; servers load the new files at their next start, clients at their next
-connection.
+and validity window; listeners take the new files within 30 s (`tlsconf.certificate_watch`),
+clients at their next connection.
 
 `make_ca` and `issue_cert` are pure (the time is an argument); `write_files` writes every
 file atomically with mode 0600 and never overwrites one unless told to; `read_expiry`

@@ -2,7 +2,8 @@
 
 Servers: `server_context(ServerTls)` builds the listener's context (TLS 1.2 or later; with
 ``require_client_cert`` a peer must present a certificate the cluster CA signed: mutual
-TLS). `check_listener` refuses a plaintext listener on a non-loopback address unless the
+TLS). `certificate_watch` takes a renewed certificate and key into a running listener's
+context. `check_listener` refuses a plaintext listener on a non-loopback address unless the
 service was told ``allow_plaintext``.
 
 Clients: the command line (``--tls-ca/--tls-cert/--tls-key/--insecure``) or the agent (its
@@ -24,6 +25,7 @@ missing client certificate, a peer that does not speak TLS.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import ipaddress
 import logging
@@ -36,8 +38,10 @@ from urllib.parse import urlsplit
 from netopt.errors import ConfigError, TlsError, UsageError
 
 __all__ = [
+    "RELOAD_INTERVAL_S",
     "ClientTls",
     "ServerTls",
+    "certificate_watch",
     "check_listener",
     "client_context",
     "client_ssl",
@@ -310,6 +314,44 @@ class TlsSection(Protocol):
     def require_client_cert(self) -> bool: ...
     @property
     def allow_plaintext(self) -> bool: ...
+
+
+RELOAD_INTERVAL_S = 30.0
+"""How often a TLS listener looks for a renewed certificate and key."""
+
+
+def reload_if_changed(ctx: ssl.SSLContext, section: TlsSection, seen: object, where: str) -> object:
+    """Load ``section``'s cert and key into ``ctx`` again when their mtimes are not ``seen``
+    (new handshakes then use them); the mtimes now loaded. A pair that does not load (a
+    renewal half-way: the key renamed, the certificate not yet) keeps the old one."""
+    if section.cert is None or section.key is None:
+        return seen
+    now = _mtimes(section.cert, section.key)
+    if now == seen:
+        return seen
+    try:
+        _load_chain(ctx, section.cert, section.key, where)
+    except ConfigError as exc:
+        log.warning("%s; the loaded certificate stays in use", exc)
+        return seen
+    log.warning("%s: loaded the renewed certificate %s", where, section.cert)
+    return now
+
+
+async def certificate_watch(
+    ctx: ssl.SSLContext | None,
+    section: TlsSection,
+    where: str,
+    interval_s: float = RELOAD_INTERVAL_S,
+) -> None:
+    """Until cancelled: every ``interval_s``, take a renewed certificate into ``ctx``
+    (renewal while running: ``netopt tls renew`` needs no restart)."""
+    if ctx is None or section.cert is None or section.key is None:
+        return
+    seen: object = _mtimes(section.cert, section.key)
+    while True:
+        await asyncio.sleep(interval_s)
+        seen = reload_if_changed(ctx, section, seen, where)
 
 
 def listener_context(section: TlsSection, host: str, where: str) -> ssl.SSLContext | None:

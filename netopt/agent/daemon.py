@@ -47,7 +47,12 @@ from netopt.measure.samples import ProbeTarget
 from netopt.measure.service import ProbeServer
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
-from netopt.tlsconf import listener_context, section_client_tls, use_client_tls
+from netopt.tlsconf import (
+    certificate_watch,
+    listener_context,
+    section_client_tls,
+    use_client_tls,
+)
 from netopt.webshell import start_site
 from netopt.wire.client import CoordinatorClient
 from netopt.wire.schema import Heartbeat, LinkSummary, OutageRecord, Registration
@@ -163,6 +168,7 @@ class Agent:
             self._spawn(self._control_loop(client)),
             self._spawn(self._report_loop(client)),
             self._spawn(self._bandwidth_loop()),
+            self._spawn(certificate_watch(tls, s.tls, f"agent {s.node}")),
         ]
         try:
             await stop.wait()

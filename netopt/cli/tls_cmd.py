@@ -101,7 +101,7 @@ def renew_command(
 ) -> int:
     """Re-issue NODE's certificate (a new key and validity; same names: give them again).
 
-    Clients use the new files at their next connection; restart a server to load them."""
+    Clients use the new files at their next connection, running servers within 30 s."""
     return _written(as_json, _issue(node, directory, dns, ips, days, force=True))
 
 

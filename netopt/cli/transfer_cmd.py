@@ -20,7 +20,7 @@ from netopt.cli.output import console, err_console, print_json
 from netopt.cli.tls_opts import client_tls_options, serve_tls_options
 from netopt.config import TlsSettings, cli_token, load_settings, resolve_token
 from netopt.errors import NetoptError, StorageError, UsageError, ValidationError
-from netopt.tlsconf import listener_context
+from netopt.tlsconf import certificate_watch, listener_context
 
 if TYPE_CHECKING:
     # The rest is imported where used. ``netopt sync`` starts its first requests (see
@@ -62,6 +62,7 @@ async def run_serve(
     precompress_level: int | None = None,
     frames_dir: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    tls: TlsSettings | None = None,
 ) -> int:
     """Serve ``directory`` as dataset ``name`` until SIGINT or SIGTERM (over TLS with
     ``ssl_context``); with ``precompress_level``, compress every chunk once at that level
@@ -98,12 +99,14 @@ async def run_serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     building = None
+    watch = loop.create_task(certificate_watch(ssl_context, tls or TlsSettings(), "netopt serve"))
     if store is not None:
         # A one-off publishing step: it may use every core, unlike serving.
         building = loop.create_task(_precompress(store, dataset, os.cpu_count() or 1))
     try:
         await stop.wait()
     finally:
+        watch.cancel()
         if building is not None:
             building.cancel()
         await runner.cleanup()
@@ -220,7 +223,7 @@ def serve_command(
     return asyncio.run(
         run_serve(
             directory, dataset_name, host, port, settings, chunk_size_bytes, codec_cache,
-            precompress_level, frames_dir, ssl_context,
+            precompress_level, frames_dir, ssl_context, tls,
         )
     )  # fmt: skip
 

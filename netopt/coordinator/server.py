@@ -13,7 +13,7 @@ from aiohttp import web
 from netopt.config import CoordinatorSettings
 from netopt.coordinator.app import CoordinatorDeps, create_app
 from netopt.errors import NetworkError
-from netopt.tlsconf import listener_context
+from netopt.tlsconf import certificate_watch, listener_context
 from netopt.webshell import start_site
 
 __all__ = ["run_coordinator", "serve"]
@@ -60,7 +60,11 @@ async def serve(
         log.warning("coordinator listening on %s://%s:%d", scheme, settings.listen.url_host, port)
         if on_ready is not None:
             on_ready(settings.listen.host, port)
-        await stop.wait()
+        watch = asyncio.create_task(certificate_watch(tls, settings.tls, "coordinator"))
+        try:
+            await stop.wait()
+        finally:
+            watch.cancel()
         log.warning("coordinator shutting down")
     finally:
         await runner.cleanup()

@@ -338,3 +338,47 @@ def test_a_handshake_never_finished_is_closed_at_the_header_deadline(
             started = time.monotonic()
             assert sock.recv(1) == b""  # closed by the server, not timed out here
             assert time.monotonic() - started < 10
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(pki: Pki) -> None:
+    from aiohttp import web
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from netopt.config import TlsSettings
+    from netopt.tlsconf import certificate_watch, client_context
+    from netopt.webshell import start_site
+
+    first = pki.issue("renewing")
+    section = TlsSettings(cert=str(first.cert), key=str(first.key))
+    ctx = server_context(ServerTls(str(first.cert), str(first.key)))
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    await start_site(runner, host="127.0.0.1", port=0, ssl_context=ctx)
+    port = int(runner.addresses[0][1])
+    watch = asyncio.create_task(certificate_watch(ctx, section, "test", interval_s=0.05))
+    client = client_context(ClientTls(str(pki.ca)))
+
+    async def served_der() -> bytes:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        await writer.wait_closed()
+        return bytes(der)
+
+    def der_of(path: Path) -> bytes:
+        return x509.load_pem_x509_certificate(path.read_bytes()).public_bytes(Encoding.DER)
+
+    try:
+        first_der = der_of(first.cert)
+        assert await served_der() == first_der
+        renewed = pki.issue("renewing", days=90)  # netopt tls renew: same paths, new pair
+        renewed_der = der_of(renewed.cert)
+        assert renewed_der != first_der
+        deadline = time.monotonic() + 10
+        while await served_der() != renewed_der:
+            assert time.monotonic() < deadline, "the renewed certificate was not taken"
+            await asyncio.sleep(0.05)
+    finally:
+        watch.cancel()
+        await runner.cleanup()
