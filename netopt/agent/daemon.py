@@ -49,6 +49,7 @@ from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
 from netopt.tlsconf import (
     certificate_watch,
+    client_ssl,
     listener_context,
     section_client_tls,
     use_client_tls,
@@ -145,6 +146,7 @@ class Agent:
         tls = listener_context(s.tls, s.listen.host, f"agent {s.node}")
         # The agent's own clients (reporter, peers' data planes) follow its tls: section.
         use_client_tls(section_client_tls(s.tls, f"agent {s.node}: tls"))
+        client_ssl(s.coordinator_url, sends_token=True)  # refused before anything starts
         self.probe_server = await ProbeServer.start(
             self.token, s.listen.host, s.probe.port, batch_s=s.probe.batch_s
         )

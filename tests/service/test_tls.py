@@ -382,3 +382,29 @@ async def test_a_renewed_certificate_is_served_without_a_restart(pki: Pki) -> No
     finally:
         watch.cancel()
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("listen_host", "coordinator_url", "refusal"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:9", "refusing to listen in plaintext on 0.0.0.0"),
+        ("127.0.0.1", "http://198.18.0.1:9", "refusing to send the token in plaintext"),
+    ],
+)
+def test_the_agent_refuses_plaintext_off_the_host_before_starting(
+    tmp_path: Path,
+    listen_host: str,
+    coordinator_url: str,
+    refusal: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"kind: agent\nnode: n1\nregion: r1\ncoordinator_url: {coordinator_url}\n"
+        f"listen: {{host: {listen_host}, port: 0}}\n"
+        f"spool: {{dir: {tmp_path / 'spool'}}}\ncache: {{dir: {tmp_path / 'cache'}}}\n"
+    )
+    assert run_cli(["agent", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert refusal in err, err
+    assert TOKEN not in err
