@@ -124,7 +124,7 @@ def is_loopback(host: str) -> bool:
 
 def _file_error(path: str, where: str, what: str, exc: BaseException) -> ConfigError:
     reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)
-    return ConfigError(f"cannot load {what} {path}: {reason}", key_path=where, expected=what)
+    return ConfigError(f"cannot load {what} {path}: {reason}", file=where, expected=what)
 
 
 def _load_ca(ctx: ssl.SSLContext, ca_file: str, where: str) -> None:
@@ -137,7 +137,7 @@ def _load_ca(ctx: ssl.SSLContext, ca_file: str, where: str) -> None:
 def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str, where: str) -> None:
     for path in (cert_file, key_file):
         if not os.path.isfile(path):
-            raise ConfigError(f"{path} does not exist", key_path=where, expected="a PEM file")
+            raise ConfigError(f"{path} does not exist", file=where, expected="a PEM file")
     try:
         ctx.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
@@ -165,7 +165,7 @@ def server_context(tls: ServerTls) -> ssl.SSLContext:
         if tls.ca_file is None:
             raise ConfigError(
                 "require_client_cert is set without a CA",
-                key_path=tls.where,
+                file=tls.where,
                 expected="tls.ca: the cluster CA that signs client certificates",
             )
         ctx.verify_mode = ssl.CERT_REQUIRED
@@ -230,7 +230,7 @@ def check_listener(host: str, tls_on: bool, allow_plaintext: bool, where: str) -
         return
     raise ConfigError(
         f"refusing to listen in plaintext on {host}, a non-loopback address",
-        key_path=where,
+        file=where,
         expected="tls.cert and tls.key (--tls-cert/--tls-key), or allow_plaintext: true "
         "(--allow-plaintext) on a network you trust",
     )
@@ -358,7 +358,7 @@ def listener_context(section: TlsSection, host: str, where: str) -> ssl.SSLConte
     """A service's listening context from its ``tls:`` section (None: plaintext, allowed
     only on loopback or with ``allow_plaintext``); ConfigError naming what is wrong."""
     if section.cert is None or section.key is None:
-        check_listener(host, False, section.allow_plaintext, f"{where}: tls.cert")
+        check_listener(host, False, section.allow_plaintext, where)
         return None
     return server_context(
         ServerTls(section.cert, section.key, section.ca, section.require_client_cert, where)

@@ -143,7 +143,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, measure and report until ``stop`` is set; then shut down cleanly."""
         s = self.settings
-        tls = listener_context(s.tls, s.listen.host, f"agent {s.node}")
+        tls = listener_context(s.tls, s.listen.host, f"agent {s.node} tls")
         # The agent's own clients (reporter, peers' data planes) follow its tls: section.
         use_client_tls(section_client_tls(s.tls, f"agent {s.node}: tls"))
         client_ssl(s.coordinator_url, sends_token=True)  # refused before anything starts

@@ -65,7 +65,9 @@ def client_tls_options(agent_config: str | None = None) -> Callable[[F], F]:
             insecure: bool,
             **kwargs: Any,
         ) -> Any:
-            tls = ClientTls(tls_ca, tls_cert, tls_key, insecure, where="--tls-ca/--tls-cert")
+            tls = ClientTls(
+                tls_ca, tls_cert, tls_key, insecure, where="--tls-ca/--tls-cert/--tls-key"
+            )
             config_file = kwargs.get(agent_config) if agent_config else None
             if config_file and not (tls_ca or tls_cert or tls_key):
                 section = load_settings(config_file, "agent").tls

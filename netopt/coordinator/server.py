@@ -39,7 +39,7 @@ async def serve(
     ``on_ready(host, port)`` is called once listening (the port is the bound one
     when the configured port is 0). Raises NetworkError when the address is taken.
     """
-    tls = listener_context(settings.tls, settings.listen.host, "coordinator")
+    tls = listener_context(settings.tls, settings.listen.host, "coordinator tls")
     app = create_app(settings, deps)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
