@@ -150,7 +150,10 @@ def _mtimes(*paths: str | None) -> tuple[object, ...]:
     out: list[object] = []
     for path in paths:
         try:
-            out.append((path, os.stat(path).st_mtime_ns) if path else None)
+            # The inode too: a renewal renames new files into place (a new inode even
+            # where the clock's granularity gives the same mtime).
+            stat = os.stat(path) if path else None
+            out.append((path, stat.st_ino, stat.st_mtime_ns) if stat else None)
         except OSError:
             out.append((path, None))
     return tuple(out)

@@ -79,6 +79,10 @@ class CoordinatorClient:
         self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None
     ) -> Any:
         """Send one request; the decoded JSON answer, or one of the module's errors."""
+        tls_now = client_ssl(self.base_url, sends_token=True)
+        if tls_now is not self._ssl:  # renewed files: a long-lived client takes them too
+            self._ssl = tls_now
+            await self.close()
         if self._session is None:
             self._session = self._open()
         url = self.base_url + path

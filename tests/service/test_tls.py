@@ -208,6 +208,16 @@ async def test_the_coordinator_serves_mutual_tls_from_its_config(
         use_client_tls(ClientTls(str(pki.ca), str(client_files.cert), str(client_files.key)))
         async with CoordinatorClient(url, TOKEN) as client:
             assert (await client.get("/api/v1/nodes"))["nodes"] == []
+        # A long-lived client (the agent's) takes a renewed client certificate.
+        mine = pki.issue("client-2", ips=(), dns=())
+        use_client_tls(ClientTls(str(pki.ca), str(mine.cert), str(mine.key)))
+        async with CoordinatorClient(url, TOKEN) as client:
+            assert (await client.get("/api/v1/nodes"))["nodes"] == []
+            before = client._ssl
+            renewed = pki.issue("client-2", ips=(), dns=(), days=60)
+            assert renewed.cert == mine.cert
+            assert (await client.get("/api/v1/nodes"))["nodes"] == []
+            assert client._ssl is not before
         use_client_tls(ClientTls(str(pki.ca)))
         with pytest.raises(TlsError, match="requires a client certificate"):
             async with CoordinatorClient(url, TOKEN) as client:
