@@ -14,6 +14,7 @@ edge where they enter netopt, so callers catch netopt's errors only.
     ├── NetworkError                 a peer could not be reached or answered badly
     │   ├── PeerUnreachableError     connect/probe timed out or was refused
     │   └── ProtocolError            the peer spoke, but not what we expected
+    ├── TlsError                     a TLS peer was refused (not retried), or a downgrade
     ├── AuthenticationError          a token or HMAC tag was refused
     ├── NotFoundError                a named thing (a node, a link) is not known here
     ├── IntegrityError               data failed its hash check
@@ -44,6 +45,7 @@ __all__ = [
     "ProtocolError",
     "ResidencyError",
     "StorageError",
+    "TlsError",
     "UsageError",
     "ValidationError",
 ]
@@ -141,6 +143,12 @@ class PeerUnreachableError(NetworkError):
 
 class ProtocolError(NetworkError):
     """A peer answered with something that is not the expected protocol."""
+
+
+class TlsError(NetoptError):
+    """A TLS connection was refused (wrong CA, expired or not-yet-valid certificate, wrong
+    host name, missing client certificate) or would fall back to plaintext. Not a
+    NetworkError: retrying with the same certificates cannot succeed."""
 
 
 class AuthenticationError(NetoptError):

@@ -5,7 +5,9 @@ its first request's header within ``header_timeout_s``, an idle keep-alive conne
 closed after ``idle_timeout_s``, and one address may hold ``max_connections_per_address``
 connections (all addresses together: fewer than the process may open files, so accepting
 never fails for want of a descriptor). A connection over a cap is closed at once; a
-flood of them is logged once, when it starts, not per connection.
+flood of them is logged once, when it starts, not per connection. With an ``ssl_context``
+(`netopt.tlsconf.server_context`: TLS 1.2+, optionally client certificates) the listener
+speaks TLS only; a plain-HTTP client's bytes fail the handshake and the connection closes.
 
 `check_bearer` is the one token check (``Authorization: Bearer TOKEN``, constant-time
 compare) and `bearer_refusal` its answer, the one 401 body
@@ -30,6 +32,7 @@ import json
 import logging
 import resource
 import socket
+import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -195,8 +198,9 @@ class LimitedSite(web.BaseSite):
         port: int = 0,
         access_log: logging.Logger | None = None,
         backlog: int = 256,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner, backlog=backlog)
+        super().__init__(runner, backlog=backlog, ssl_context=ssl_context)
         self._limits = limits
         self._sock = sock
         self._host = host
@@ -206,10 +210,11 @@ class LimitedSite(web.BaseSite):
 
     @property
     def name(self) -> str:
+        scheme = "https" if self._ssl_context is not None else "http"
         if self._sock is not None:
             host, port = self._sock.getsockname()[:2]
-            return f"http://{host}:{port}"
-        return f"http://{self._host}:{self._port}"
+            return f"{scheme}://{host}:{port}"
+        return f"{scheme}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -225,11 +230,27 @@ class LimitedSite(web.BaseSite):
                 server, guard, loop=loop, keepalive_timeout=idle_s, access_log=access_log
             )
 
+        tls = self._ssl_context
+        # A handshake is not yet a connection the guard counts: it gets the header's
+        # deadline, so a client cannot hold sockets open by never finishing one.
+        handshake_s = self._limits.header_timeout_s if tls is not None else None
         if self._sock is not None:
-            self._server = await loop.create_server(factory, sock=self._sock, backlog=self._backlog)
+            self._server = await loop.create_server(
+                factory,
+                sock=self._sock,
+                backlog=self._backlog,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
+            )
         else:
             self._server = await loop.create_server(
-                factory, self._host, self._port, backlog=self._backlog, reuse_address=True
+                factory,
+                self._host,
+                self._port,
+                backlog=self._backlog,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
             )
 
 
@@ -241,10 +262,18 @@ async def start_site(
     host: str | None = None,
     port: int = 0,
     access_log: logging.Logger | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> LimitedSite:
-    """Listen for ``runner`` (set up) under ``limits``; OSError when the address is taken."""
+    """Listen for ``runner`` (set up) under ``limits``, over TLS with ``ssl_context``;
+    OSError when the address is taken."""
     site = LimitedSite(
-        runner, limits or ListenerLimits(), sock=sock, host=host, port=port, access_log=access_log
+        runner,
+        limits or ListenerLimits(),
+        sock=sock,
+        host=host,
+        port=port,
+        access_log=access_log,
+        ssl_context=ssl_context,
     )
     await site.start()
     return site

@@ -31,19 +31,21 @@ the same phase, as the daemon did before). See ``bench_restart_storm.py``.
 
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
         [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
-        [--scenario steady|restart-storm] [--spool-batches 6] [--lockstep]
+        [--scenario steady|restart-storm] [--spool-batches 6] [--lockstep] [--tls]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import gc
 import json
 import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,7 @@ from bench_restart_storm import print_storm, storm, storm_report
 
 from netopt.cli.output import print_table
 from netopt.percentile import percentile
+from netopt.tlsca import issue_cert, make_ca, node_files, write_files
 
 TOKEN = "bench-coordinator-token-0123456789"  # noqa: S105 - a throwaway test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -137,8 +140,30 @@ def _batch(src: int, seq: int, per_batch: int, agents: int, now_s: float) -> dic
     return {"batch_id": f"s{seq}", "summaries": summaries}
 
 
+_CLIENT_SSL: ssl.SSLContext | bool = False
+"""--tls: the clients' context (the bench's own CA); plain HTTP otherwise."""
+
+
+def _session(limit: int = 100, **kwargs: Any) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=limit, ssl=_CLIENT_SSL)
+    return aiohttp.ClientSession(connector=connector, **kwargs)
+
+
+def _tls_files(tmp: str) -> str:
+    """A CA and a 127.0.0.1 certificate for --tls; the coordinator's ``tls:`` line."""
+    global _CLIENT_SSL
+    now = dt.datetime.now(dt.UTC)
+    ca = make_ca("bench CA", now)
+    pair = issue_cert(ca, "coordinator", now, ips=["127.0.0.1"])
+    cert, key = node_files(Path(tmp), "coordinator")
+    write_files({Path(tmp, "ca.pem"): ca.cert_pem, cert: pair.cert_pem, key: pair.key_pem},
+                force=False)  # fmt: skip
+    _CLIENT_SSL = ssl.create_default_context(cafile=str(Path(tmp, "ca.pem")))
+    return f"tls: {{cert: {cert}, key: {key}}}\n"
+
+
 async def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    async with aiohttp.ClientSession() as session:
+    async with _session() as session:
         for _ in range(300):
             if proc.poll() is not None:
                 raise SystemExit("coordinator exited during start")
@@ -175,7 +200,7 @@ async def _register_all(url: str, sessions: list[aiohttp.ClientSession]) -> None
 
 
 async def _register_fleet(url: str, agents: int) -> None:
-    async with aiohttp.ClientSession(headers=AUTH) as session:
+    async with _session(headers=AUTH) as session:
         await _register_all(url, [session] * agents)
 
 
@@ -220,12 +245,7 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"latency_ms": [], "stored": 0, "errors": 0}
     timeout = aiohttp.ClientTimeout(total=60)
     # One session (so one keep-alive connection) per agent, as real agents have.
-    sessions = [
-        aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1), timeout=timeout, headers=AUTH
-        )
-        for _ in range(args.agents)
-    ]
+    sessions = [_session(limit=1, timeout=timeout, headers=AUTH) for _ in range(args.agents)]
     try:
         registering = time.monotonic()
         await _register_all(url, sessions)
@@ -269,7 +289,7 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     out["measured_s"] = wall1 - wall0
     out["rss_mb"] = _rss_mb(pid)
     warmup_s = 60.0
-    async with aiohttp.ClientSession(headers=AUTH) as session:
+    async with _session(headers=AUTH) as session:
         window = int(args.duration_s + warmup_s + 60)
         asked = time.perf_counter()
         async with session.get(f"{url}/api/v1/links?window_s={window}") as response:
@@ -305,11 +325,13 @@ def _server_side(metrics: str) -> dict[str, float | None]:
     }
 
 
-def _start_coordinator(tmp: str, port: int, database: str, pin: bool) -> subprocess.Popen[bytes]:
+def _start_coordinator(
+    tmp: str, port: int, database: str, pin: bool, tls_yaml: str = ""
+) -> subprocess.Popen[bytes]:
     config = Path(tmp, f"{database}.yaml")
     config.write_text(
         f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
-        f"database: {tmp}/{database}\nstale_after_s: 60\n"
+        f"database: {tmp}/{database}\nstale_after_s: 60\n{tls_yaml}"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
@@ -360,6 +382,11 @@ def main() -> int:
     parser.add_argument("--summaries-per-batch", type=int, default=8)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--no-pin", action="store_true", help="Do not pin to separate cores.")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="The coordinator listens over TLS (a CA made here); steady only.",
+    )
     parser.add_argument("--scenario", choices=("steady", "restart-storm"), default="steady")
     parser.add_argument("--spool-batches", type=int, default=6,
                         help="restart-storm: batches each agent replays")  # fmt: skip
@@ -370,14 +397,17 @@ def main() -> int:
         parser.error("--agents must be 1..5000 and --duration-s 1..300")
     if not 0 <= args.spool_batches <= 100:
         parser.error("--spool-batches must be 0..100")
+    if args.tls and args.scenario != "steady":
+        parser.error("--tls: the steady scenario only")
     pin = len(_CPUS) >= 2 and not args.no_pin
     if args.scenario == "restart-storm":
         return _restart_storm(args, pin)
     with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as tmp:
         port = _free_port()
-        proc = _start_coordinator(tmp, port, "coordinator.db", pin)
+        tls_yaml = _tls_files(tmp) if args.tls else ""
+        proc = _start_coordinator(tmp, port, "coordinator.db", pin, tls_yaml)
         try:
-            url = f"http://127.0.0.1:{port}"
+            url = f"{'https' if args.tls else 'http'}://127.0.0.1:{port}"
             asyncio.run(_wait_ready(url, proc))
             result = asyncio.run(_load(url, proc.pid, args))
         finally:
@@ -386,6 +416,7 @@ def main() -> int:
     lat = sorted(result.pop("latency_ms"))
     report = {
         "agents": args.agents,
+        "tls": args.tls,
         "interval_s": args.interval_s,
         "duration_s": args.duration_s,
         "summaries_per_batch": args.summaries_per_batch,

@@ -47,6 +47,13 @@ from netopt.measure.samples import ProbeTarget
 from netopt.measure.service import ProbeServer
 from netopt.measure.stats import LinkStats
 from netopt.measure.throughput import choose_streams
+from netopt.tlsconf import (
+    certificate_watch,
+    client_ssl,
+    listener_context,
+    section_client_tls,
+    use_client_tls,
+)
 from netopt.webshell import start_site
 from netopt.wire.client import CoordinatorClient
 from netopt.wire.schema import Heartbeat, LinkSummary, OutageRecord, Registration
@@ -137,13 +144,17 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, measure and report until ``stop`` is set; then shut down cleanly."""
         s = self.settings
+        tls = listener_context(s.tls, s.listen.host, f"agent {s.node} tls")
+        # The agent's own clients (reporter, peers' data planes) follow its tls: section.
+        use_client_tls(section_client_tls(s.tls, f"agent {s.node}: tls"))
+        client_ssl(s.coordinator_url, sends_token=True)  # refused before anything starts
         self.probe_server = await ProbeServer.start(
             self.token, s.listen.host, s.probe.port, batch_s=s.probe.batch_s
         )
         runner = web.AppRunner(create_app(self), access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await start_site(runner, host=s.listen.host, port=s.listen.port)
+            await start_site(runner, host=s.listen.host, port=s.listen.port, ssl_context=tls)
         except OSError as exc:
             await runner.cleanup()
             await self.probe_server.close()
@@ -160,6 +171,7 @@ class Agent:
             self._spawn(self._control_loop(client)),
             self._spawn(self._report_loop(client)),
             self._spawn(self._bandwidth_loop()),
+            self._spawn(certificate_watch(tls, s.tls, f"agent {s.node}")),
         ]
         try:
             await stop.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from netopt.cli.tls_opts import service_tls_options, with_tls_options
 from netopt.config import load_settings, resolve_token
 
 __all__ = ["agent_command"]
@@ -17,13 +18,16 @@ __all__ = ["agent_command"]
     help="Agent YAML file (see configs/agent.yaml) [default: /etc/netopt/agent.yaml, "
     "else $XDG_CONFIG_HOME/netopt/agent.yaml].",
 )
-def agent_command(config_file: str | None) -> int:
+@service_tls_options
+def agent_command(
+    config_file: str | None, tls_cert: str | None, tls_key: str | None, tls_ca: str | None
+) -> int:
     """Run the agent until SIGTERM or SIGINT: answer probes, measure peers, report."""
     from netopt.agent.daemon import run_agent
     from netopt.config.discovery import find_config
 
     config_file = find_config("agent", config_file)
 
-    settings = load_settings(config_file, "agent")
+    settings = with_tls_options(load_settings(config_file, "agent"), tls_cert, tls_key, tls_ca)
     token = resolve_token(settings.token, settings.token_file, config_file)
     return run_agent(settings, token)

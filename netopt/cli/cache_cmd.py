@@ -14,6 +14,7 @@ from netopt.cache.sources import SourceOptions
 from netopt.cache.store import Cache
 from netopt.cache.verify import verify_cache
 from netopt.cli.output import console, err_console, print_json, print_table
+from netopt.cli.tls_opts import client_tls_options
 from netopt.config import cli_token
 from netopt.config.node import resolve_node
 from netopt.errors import EXIT_FAILURE, StorageError
@@ -169,6 +170,7 @@ def gc_command(cache_dir: str | None, config_file: str | None, as_json: bool) ->
 @click.option("--source", default=None, help="Fetch corrupt or missing chunks again from here.")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Token for --source.")
 @_common
+@client_tls_options(agent_config="config_file")
 def verify_command(
     source: str | None,
     token_file: str | None,

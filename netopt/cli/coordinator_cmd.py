@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from netopt.cli.output import console, print_json, print_table
+from netopt.cli.tls_opts import client_tls_options, service_tls_options, with_tls_options
 from netopt.config import cli_token, load_settings
 from netopt.config.services import DEFAULT_COORDINATOR_PORT
 from netopt.wire.client import CoordinatorClient
@@ -23,7 +24,10 @@ __all__ = ["coordinator_command", "fetch_status", "status_command"]
     help="Coordinator YAML file (see configs/coordinator.yaml) [default: "
     "/etc/netopt/coordinator.yaml, else $XDG_CONFIG_HOME/netopt/coordinator.yaml].",
 )
-def coordinator_command(config_file: str | None) -> int:
+@service_tls_options
+def coordinator_command(
+    config_file: str | None, tls_cert: str | None, tls_key: str | None, tls_ca: str | None
+) -> int:
     """Run the coordinator until SIGTERM or SIGINT (then shut down cleanly)."""
     from netopt.config.discovery import find_config
     from netopt.coordinator.server import run_coordinator
@@ -31,6 +35,7 @@ def coordinator_command(config_file: str | None) -> int:
     config_file = find_config("coordinator", config_file)
 
     settings = load_settings(config_file, "coordinator")
+    settings = with_tls_options(settings, tls_cert, tls_key, tls_ca)
     return run_coordinator(settings)
 
 
@@ -60,6 +65,7 @@ async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
     help="The measurement window the link figures cover.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@client_tls_options()
 def status_command(url: str, token_file: str | None, window_s: float, as_json: bool) -> int:
     """Show nodes (with liveness) and links (RTT, loss, bandwidth). Token: NETOPT_TOKEN."""
     result = asyncio.run(fetch_status(url, cli_token(token_file), window_s))

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from netopt.cli.output import console, err_console, print_json
+from netopt.cli.tls_opts import client_tls_options
 from netopt.config import LinksSettings, cli_token, load_settings
 from netopt.doctor import apply as apply_mod
 from netopt.doctor import ports
@@ -27,6 +28,7 @@ from netopt.doctor.findings import DoctorReport
 from netopt.doctor.run import DoctorOptions, run_doctor
 from netopt.doctor.sysctl import read_sysctl
 from netopt.errors import ConfigError, UsageError
+from netopt.tlsconf import current_client_tls
 
 __all__ = ["doctor_command"]
 
@@ -211,6 +213,7 @@ def _apply(report: DoctorReport, undo_file: Path | None, as_json: bool) -> dict[
     help="With --listen: how long to serve.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@client_tls_options()
 def doctor_command(
     node: str | None,
     peers: str | None,
@@ -276,6 +279,9 @@ def doctor_command(
             master_port=master_port,
             token=token,
             check_mtu=not no_mtu,
+            cert_files=tuple(
+                p for p in (current_client_tls().cert_file, current_client_tls().ca_file) if p
+            ),
         )
     )
     applied = _apply(report, undo_file, as_json) if do_apply else None

@@ -45,6 +45,7 @@ COMMANDS = {
     "serve": "netopt.cli.serve_cmd:serve_command",
     "status": "netopt.cli.coordinator_cmd:status_command",
     "sync": "netopt.cli.sync_cmd:sync_command",
+    "tls": "netopt.cli.tls_cmd:tls_group",
 }
 
 

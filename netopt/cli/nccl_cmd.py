@@ -15,6 +15,7 @@ import click
 from rich.table import Table
 
 from netopt.cli.output import console, err_console
+from netopt.cli.tls_opts import client_tls_options
 from netopt.config import LinksSettings, cli_token, load_settings
 from netopt.errors import UsageError, ValidationError
 from netopt.fsutil import atomic_write_bytes
@@ -268,6 +269,7 @@ def _size(size: int) -> str:
     type=click.Path(dir_okay=False),
     help="Also write a CSV for NCCL's example tuner plugin and point NCCL_TUNER_CONFIG_FILE at it.",
 )
+@client_tls_options()
 def nccl_env(
     nodes: str,
     links_file: str | None,

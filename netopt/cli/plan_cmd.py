@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from netopt.cli.output import console, print_json
+from netopt.cli.tls_opts import client_tls_options
 from netopt.config import cli_token
 from netopt.errors import StorageError, ValidationError
 
@@ -162,6 +163,7 @@ def _coordinator_link(
     help="Codec speed cache (default ~/.cache/netopt/codec.json).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@client_tls_options()
 def plan_command(
     rate_mbps: float | None,
     rtt_ms: float | None,

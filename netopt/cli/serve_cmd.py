@@ -15,7 +15,8 @@ import click
 
 from netopt.cli.options import CC_CHOICES, congestion_control
 from netopt.cli.output import console, err_console
-from netopt.config import cli_token
+from netopt.cli.tls_opts import serve_tls_options
+from netopt.config import TlsSettings, cli_token
 from netopt.errors import ValidationError
 
 __all__ = ["DEFAULT_SERVE_PORT", "parse_bind", "serve_command"]
@@ -83,6 +84,7 @@ def parse_bind(bind: str) -> tuple[str, int]:
     default=None,
     help="Where precompressed frames are kept (default ~/.cache/netopt/frames).",
 )
+@serve_tls_options
 def serve_command(
     directory: str,
     name: str | None,
@@ -95,6 +97,7 @@ def serve_command(
     threads: int | None,
     precompress_level: int | None,
     frames_dir: str | None,
+    tls: TlsSettings,
 ) -> int:
     """Serve DIRECTORY as a dataset at netopt://HOST:PORT/NAME.
 
@@ -102,6 +105,9 @@ def serve_command(
     random token is generated and printed (pass it to clients as NETOPT_TOKEN).
     """
     host, port = parse_bind(bind)
+    from netopt.tlsconf import listener_context
+
+    ssl_context = listener_context(tls, host, "netopt serve")
     dataset_name = name or Path(directory).resolve().name
     token = None if no_auth else cli_token(token_file, required=False)
     if token is None and not no_auth:
@@ -119,6 +125,7 @@ def serve_command(
     return asyncio.run(
         run_serve(
             directory, dataset_name, host, port, settings, chunk_size_bytes, codec_cache,
-            precompress_level, frames_dir, say=console.print, note=err_console.print,
+            precompress_level, frames_dir, ssl_context, tls, say=console.print,
+            note=err_console.print,
         )
     )  # fmt: skip

@@ -15,6 +15,7 @@ import click
 
 from netopt.cli.options import CC_CHOICES, congestion_control
 from netopt.cli.output import console, err_console, print_json
+from netopt.cli.tls_opts import client_tls_options
 from netopt.config import cli_token, resolve_token
 from netopt.config.discovery import coordinator_url as default_coordinator_url
 from netopt.errors import UsageError, ValidationError
@@ -178,6 +179,7 @@ class _Bar:
     default=None,
     help="s3://: the AWS config profile (default: AWS_ACCESS_KEY_ID etc. from the env).",
 )
+@client_tls_options(agent_config="config_file")
 def sync_command(
     source: str,
     dest: str,

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar, cast, overload
 
 import yaml
 
-from netopt.config.common import ListenAddress
+from netopt.config.common import ListenAddress, TlsSettings
 from netopt.config.datasets import DatasetSpec, DatasetsSettings
 from netopt.config.lab import LabTopology, LinkShape, LinkSpec, RegionSpec
 from netopt.config.links import LinkPairSpec, LinksSettings, NicSpec, NodeLinksSpec
@@ -65,6 +65,7 @@ __all__ = [
     "RegionSpec",
     "Settings",
     "SpoolSettings",
+    "TlsSettings",
     "cli_token",
     "detect_kind",
     "load_settings",

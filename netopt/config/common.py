@@ -10,6 +10,7 @@ from netopt.names import DATASET_NAME_RULE, NODE_NAME_RULE, is_dataset_name, is_
 
 __all__ = [
     "ListenAddress",
+    "TlsSettings",
     "check_dataset_name",
     "check_name",
 ]
@@ -48,3 +49,30 @@ class ListenAddress:
     def url_host(self) -> str:
         """The host as it appears in a URL (IPv6 in brackets)."""
         return f"[{self.host}]" if ":" in self.host else self.host
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """A service's ``tls:`` section: its certificate and key (issued by ``netopt tls issue``),
+    the cluster CA its peers are verified against, and whether clients must present a
+    certificate (mutual TLS). Without cert and key the service listens in plaintext, which
+    on a non-loopback address needs ``allow_plaintext: true``."""
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    require_client_cert: bool = False
+    allow_plaintext: bool = False
+    """Listen without TLS on a non-loopback address, and send the token over plain HTTP to
+    non-loopback peers: only on a network you trust (the lab's namespaces)."""
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise Invalid("cert", "is given without key (or key without cert)", "both or neither")
+        if self.require_client_cert and (self.ca is None or self.cert is None):
+            raise Invalid("require_client_cert", "is set without ca, cert and key", "all three set")
+
+    @property
+    def serving(self) -> bool:
+        """True when the service listens over TLS."""
+        return self.cert is not None

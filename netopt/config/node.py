@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from netopt.config import load_settings, resolve_token
 from netopt.config.datasets import DatasetsSettings
 from netopt.config.loader import parse_byte_size
+from netopt.config.services import AgentSettings
 from netopt.errors import ValidationError
 
 __all__ = ["DEFAULT_MAX_STREAMS", "NodeSettings", "default_cache_dir", "resolve_node"]
@@ -53,6 +54,27 @@ class NodeSettings:
     congestion_control: str | None = None
 
 
+_READ: dict[tuple[object, ...], AgentSettings] = {}
+
+
+def agent_settings(config_file: str) -> AgentSettings:
+    """The agent config ``config_file``, read once per process however many parts of a
+    command ask (the TLS options, `resolve_node`): read again only if the file or the
+    ``NETOPT_AGENT__*`` overrides changed. ConfigError as `load_settings`."""
+    try:
+        st = os.stat(config_file)
+        key: tuple[object, ...] = (
+            os.path.realpath(config_file), st.st_mtime_ns, st.st_size, st.st_ino,
+            tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("NETOPT_"))),
+        )  # fmt: skip
+    except OSError:
+        return load_settings(config_file, "agent")  # names the file and the reason
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = load_settings(config_file, "agent")
+    return _READ[key]
+
+
 def resolve_node(
     config_file: str | None,
     *,
@@ -85,7 +107,7 @@ def resolve_node(
             None, cache_dir or default_cache_dir(), capacity_bytes, region, coordinator_url,
             node, token, catalogue,
         )  # fmt: skip
-    agent = load_settings(config_file, "agent")
+    agent = agent_settings(config_file)
     if token is None and agent_token and (agent.token or agent.token_file):
         token = resolve_token(agent.token, agent.token_file)
     catalogue = load_settings(datasets_file, "datasets") if datasets_file else None

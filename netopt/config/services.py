@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from netopt.config.common import ListenAddress, check_name
+from netopt.config.common import ListenAddress, TlsSettings, check_name
 from netopt.config.loader import BYTES, Invalid, bounded
 
 __all__ = [
@@ -85,6 +85,7 @@ class AgentSettings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     def __post_init__(self) -> None:
         check_name("node", self.node, "node name")
@@ -123,6 +124,7 @@ class CoordinatorSettings:
     durability: Literal["normal", "full"] = "normal"
     probe_plan: ProbePlanSettings = field(default_factory=ProbePlanSettings)
     datasets_file: str | None = None
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     def __post_init__(self) -> None:
         _check_token(self.token, self.token_file)

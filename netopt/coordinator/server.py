@@ -13,6 +13,7 @@ from aiohttp import web
 from netopt.config import CoordinatorSettings
 from netopt.coordinator.app import CoordinatorDeps, create_app
 from netopt.errors import NetworkError
+from netopt.tlsconf import certificate_watch, listener_context
 from netopt.webshell import start_site
 
 __all__ = ["run_coordinator", "serve"]
@@ -38,12 +39,15 @@ async def serve(
     ``on_ready(host, port)`` is called once listening (the port is the bound one
     when the configured port is 0). Raises NetworkError when the address is taken.
     """
+    tls = listener_context(settings.tls, settings.listen.host, "coordinator tls")
     app = create_app(settings, deps)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
     try:
         try:
-            await start_site(runner, host=settings.listen.host, port=settings.listen.port)
+            await start_site(
+                runner, host=settings.listen.host, port=settings.listen.port, ssl_context=tls
+            )
         except OSError as exc:
             raise NetworkError(
                 f"cannot listen on {settings.listen.url_host}:{settings.listen.port}: "
@@ -52,10 +56,15 @@ async def serve(
         # The bound address tells the real port when port 0 was asked for.
         addresses = runner.addresses
         port = int(addresses[0][1]) if addresses else settings.listen.port
-        log.warning("coordinator listening on http://%s:%d", settings.listen.url_host, port)
+        scheme = "https" if tls is not None else "http"
+        log.warning("coordinator listening on %s://%s:%d", scheme, settings.listen.url_host, port)
         if on_ready is not None:
             on_ready(settings.listen.host, port)
-        await stop.wait()
+        watch = asyncio.create_task(certificate_watch(tls, settings.tls, "coordinator"))
+        try:
+            await stop.wait()
+        finally:
+            watch.cancel()
         log.warning("coordinator shutting down")
     finally:
         await runner.cleanup()

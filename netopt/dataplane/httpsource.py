@@ -40,17 +40,18 @@ from netopt.dataplane.limits import (
     check_manifest_shape,
 )
 from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
-from netopt.dataplane.streaming import HttpChunkStream, read_frame
+from netopt.dataplane.streaming import HttpChunkStream, map_errors, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
     DatasetChangedError,
     NetworkError,
-    PeerUnreachableError,
     ProtocolError,
+    TlsError,
     ValidationError,
 )
 from netopt.names import is_dataset_name
+from netopt.tlsconf import client_ssl, data_scheme, disconnect_hint
 from netopt.transfer.adapt import LevelAdapter
 from netopt.transfer.manifest import Manifest, manifest_from_dict
 from netopt.transfer.planner import CpuProfile, SampleProfile
@@ -104,7 +105,8 @@ class DatasetUrl:
     @property
     def base(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        # netopt:// speaks TLS exactly when the cluster CA is set (netopt.tlsconf).
+        return f"{data_scheme()}://{host}:{self.port}"
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -252,13 +254,14 @@ class HttpChunkSource:
         await self._check_status(resp, where)
 
     async def __aenter__(self) -> HttpChunkSource:
+        tls = client_ssl(self.url.base, sends_token=bool(self.options.token))
         connector = aiohttp.TCPConnector(
             limit=max(1, self.options.streams),
             socket_factory=self._socket_factory,
             force_close=False,
-            # Plain HTTP only: skip building an SSL context (loading the CA store costs
-            # tens of ms at every start).
-            ssl=False,
+            # Plain HTTP: no SSL context at all (loading the CA store costs tens of ms at
+            # every start); TLS: the cluster CA's context, built once per process.
+            ssl=tls if tls is not None else False,
         )
         headers = {"Authorization": f"Bearer {self.options.token}"} if self.options.token else {}
         timeout = aiohttp.ClientTimeout(
@@ -411,12 +414,8 @@ class HttpChunkSource:
                         trace.add_seconds("request_to_first_chunk", time.monotonic() - asked_s)
                     self.arrived(expected_id, raw, length)
                     yield raw
-        except asyncio.IncompleteReadError as exc:
-            raise NetworkError(f"{where}: the stream ended early") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise PeerUnreachableError(f"{self.url} is unreachable: {exc}") from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise NetworkError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
+            raise map_errors(exc, where, f"{self.url} is unreachable") from exc
 
     async def _get(
         self, path: str, max_bytes: int, params: dict[str, str] | None = None
@@ -441,10 +440,13 @@ class HttpChunkSource:
                     body += piece
                     self.wire_bytes += len(piece)
                 return body, resp.headers.get("X-Netopt-Codec", "identity")
-        except aiohttp.ClientConnectorError as exc:
-            raise PeerUnreachableError(f"{self.url} is unreachable: {exc}") from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            hint, refused = disconnect_hint(self.url.base)
+            if refused:
+                raise TlsError(f"{self.url}: {hint}") from None
+            raise map_errors(exc, where, f"{self.url} is unreachable") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise NetworkError(f"{where}: {type(exc).__name__}: {exc}") from exc
+            raise map_errors(exc, where, f"{self.url} is unreachable") from exc
 
     async def _get_json(
         self, path: str, max_bytes: int, check: Callable[[bytearray], None] | None = None

@@ -15,16 +15,19 @@ import dataclasses
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from netopt.config import TlsSettings
 from netopt.dataplane.frames import FrameStore, frames_dir_for
 from netopt.dataplane.handlers import ServeSettings
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import ServedDataset
 from netopt.dataplane.server import create_app, start_server
 from netopt.errors import NetoptError
+from netopt.tlsconf import certificate_watch
 from netopt.transfer.profile import load_cpu_profile
 
 __all__ = ["default_frames_dir", "run_serve"]
@@ -48,12 +51,15 @@ async def run_serve(
     codec_cache: str | None,
     precompress_level: int | None = None,
     frames_dir: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    tls: TlsSettings | None = None,
     *,
     say: Callable[[str], None] = print,
     note: Callable[[str], None] = print,
 ) -> int:
-    """Serve ``directory`` as dataset ``name`` on ``host:port`` until SIGINT or SIGTERM;
-    with ``precompress_level``, compress every chunk once at that level meanwhile.
+    """Serve ``directory`` as dataset ``name`` on ``host:port`` until SIGINT or SIGTERM
+    (over TLS with ``ssl_context``, which follows renewals of ``tls``'s files); with
+    ``precompress_level``, compress every chunk once at that level meanwhile.
 
     Returns 0 once stopped. Raises ValidationError when the address cannot be bound,
     StorageError / ValidationError when the directory cannot be served.
@@ -70,7 +76,7 @@ async def run_serve(
     # Clients plan with the cores this server will actually compress on.
     cpu = dataclasses.replace(cpu, cores=settings.worker_threads)
     app = create_app(settings, {name: live}, cpu)
-    runner, bound = await start_server(app, host, port)
+    runner, bound = await start_server(app, host, port, ssl_context=ssl_context)
     shown = f"[{host}]" if ":" in host else host
     serving = (
         f"serving netopt://{shown}:{bound}/{name} ({len(dataset.manifest.files)} files, "
@@ -84,12 +90,14 @@ async def run_serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     building = None
+    watch = loop.create_task(certificate_watch(ssl_context, tls or TlsSettings(), "netopt serve"))
     if store is not None:
         # A one-off publishing step: it may use every core, unlike serving.
         building = loop.create_task(_precompress(store, dataset, os.cpu_count() or 1, note))
     try:
         await stop.wait()
     finally:
+        watch.cancel()
         if building is not None:
             building.cancel()
         await runner.cleanup()

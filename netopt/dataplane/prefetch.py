@@ -35,6 +35,7 @@ from netopt.dataplane.limits import (
     check_manifest_shape,
 )
 from netopt.dataplane.sockets import try_congestion_control
+from netopt.tlsconf import current_client_tls, is_loopback
 
 # asyncio and http.client are imported where used: `start` runs before them.
 
@@ -195,6 +196,11 @@ def start(
         return False
     name = parts.path.strip("/")
     if parts.scheme != "netopt" or not host or port is None or not name or "/" in name:
+        return False
+    tls = current_client_tls()
+    if tls.enabled or (token and not is_loopback(host) and not tls.insecure):
+        # TLS: the engine's own handshake; a token the plaintext rule would refuse: the
+        # normal path refuses it, with the reason, before any byte is sent.
         return False
     discard()
     pre = _Prefetch(host, port, name, token, timeout_s)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -153,9 +154,10 @@ async def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     limits: ListenerLimits | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``host:port`` (0: any free port) under ``limits`` (default: the
-    `ListenerLimits` defaults); return the runner and the port.
+    `ListenerLimits` defaults), over TLS with ``ssl_context``; return the runner and the port.
 
     Raises ValidationError (exit code 2) when the address cannot be bound.
     """
@@ -166,6 +168,12 @@ async def start_server(
     except OSError as exc:
         await runner.cleanup()
         raise ValidationError(f"cannot listen on {host}:{port}: {exc}") from exc
-    await start_site(runner, limits, sock=sock, access_log=logging.getLogger("aiohttp.access"))
+    await start_site(
+        runner,
+        limits,
+        sock=sock,
+        access_log=logging.getLogger("aiohttp.access"),
+        ssl_context=ssl_context,
+    )
     bound_port: int = sock.getsockname()[1]
     return runner, bound_port

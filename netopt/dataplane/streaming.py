@@ -19,7 +19,8 @@ import aiohttp
 
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import FRAME_HEADER, RawChunk, max_frame_bytes, parse_frame_header
-from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError
+from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, TlsError
+from netopt.tlsconf import data_scheme, disconnect_hint, explain_tls_failure
 
 __all__ = [
     "ChunkStream",
@@ -218,10 +219,18 @@ async def read_frame(
 
 def map_errors(exc: BaseException, where: str, unreachable: str) -> BaseException:
     """aiohttp's and asyncio's exceptions as netopt's (others unchanged)."""
+    tls_cause = explain_tls_failure(exc)
+    if tls_cause is not None:
+        return TlsError(f"{unreachable}: {tls_cause}")
     if isinstance(exc, asyncio.IncompleteReadError):
         return NetworkError(f"{where}: the stream ended early")
     if isinstance(exc, aiohttp.ClientConnectorError):
         return PeerUnreachableError(f"{unreachable}: {exc}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # Retried like any disconnect (a restarting server); the first request of a
+        # source stops at a sure TLS refusal (HttpChunkSource._get).
+        hint, _ = disconnect_hint(f"{data_scheme()}://")
+        return NetworkError(f"{where}: the server closed the connection unanswered ({hint})")
     if isinstance(exc, aiohttp.ClientError | TimeoutError):
         return NetworkError(f"{where}: {type(exc).__name__}: {exc}")
     return exc

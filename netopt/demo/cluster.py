@@ -3,11 +3,17 @@
 Used by ``netopt demo`` and by tests. On a lab every process runs inside its
 node's network namespace (the lab reaps it at teardown); on loopback the site
 stops them. Configuration files and logs live in a work directory of the caller's.
+
+Everything speaks TLS, as on a real cluster: a cluster CA and one certificate per node
+(its address, 127.0.0.1 for the loopback site's relays) are made with ``netopt tls``
+machinery in ``WORKDIR/tls``; the coordinator is ``https://``, agents and ``netopt serve``
+listen over TLS, and clients get :meth:`Cluster.tls_args`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import secrets
@@ -21,6 +27,7 @@ from typing import Any
 
 from netopt.demo.sites import Site
 from netopt.errors import LabError
+from netopt.tlsca import CA_CERT, issue_cert, make_ca, node_files, write_files
 
 __all__ = ["Cluster", "MatrixNotFull"]
 
@@ -52,12 +59,43 @@ class Cluster:
         self.token_file.chmod(0o600)
         if self.coordinator_node is None:
             self.coordinator_node = self.site.nodes[0]
+        self.tls_dir = self.workdir / "tls"
+        self.tls_ca = self.tls_dir / CA_CERT
+        self._issue_certificates()
+
+    def _issue_certificates(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        ca = make_ca("netopt demo CA", now, days=30)
+        files = {self.tls_ca: ca.cert_pem}
+        for node in self.site.nodes:
+            ips = list(dict.fromkeys([self.site.address(node), "127.0.0.1"]))
+            pair = issue_cert(ca, node, now, dns=["localhost"], ips=ips, days=30)
+            cert, key = node_files(self.tls_dir, node)
+            files[cert], files[key] = pair.cert_pem, pair.key_pem
+        # The CA's key is not kept: the demo's certificates are all issued here.
+        write_files(files, force=True)
+
+    def tls_files(self, node: str) -> tuple[Path, Path]:
+        """``node``'s certificate and key."""
+        return node_files(self.tls_dir, node)
+
+    def tls_args(self, node: str | None = None) -> list[str]:
+        """A client's TLS options: the cluster CA (and ``node``'s certificate)."""
+        args = ["--tls-ca", str(self.tls_ca)]
+        if node is not None:
+            cert, key = self.tls_files(node)
+            args += ["--tls-cert", str(cert), "--tls-key", str(key)]
+        return args
+
+    def _tls_yaml(self, node: str) -> str:
+        cert, key = self.tls_files(node)
+        return f"tls: {{cert: {cert}, key: {key}, ca: {self.tls_ca}}}\n"
 
     @property
     def coordinator_url(self) -> str:
         assert self.coordinator_node is not None
         node = self.coordinator_node
-        return f"http://{self.site.address(node)}:{self.site.port(node, COORDINATOR_PORT)}"
+        return f"https://{self.site.address(node)}:{self.site.port(node, COORDINATOR_PORT)}"
 
     def _netopt(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "netopt", *args]
@@ -76,7 +114,7 @@ class Cluster:
             "stale_after_s: 10\n"
             # The demo and the tests measure bandwidth themselves and count the bytes on
             # the links: scheduled bulk-TCP tests would land in the middle of that.
-            "probe_plan: {bandwidth_tests: false}\n"
+            "probe_plan: {bandwidth_tests: false}\n" + self._tls_yaml(self.coordinator_node)
         )
         self._spawn(self.coordinator_node, "coordinator", ["coordinator", "--config", str(config)])
         self._wait_for_coordinator()
@@ -97,7 +135,7 @@ class Cluster:
             f"probe: {{port: {self.site.port(node, PROBE_PORT)}, rate_pps: {self.probe_rate_pps}, "
             f"window_s: {self.probe_window_s}}}\n"
             f"spool: {{dir: {self.workdir / ('spool-' + node)}}}\n"
-            f"cache: {{dir: {self.workdir / ('cache-' + node)}}}\n"
+            f"cache: {{dir: {self.workdir / ('cache-' + node)}}}\n" + self._tls_yaml(node)
         )
         return path
 
@@ -118,13 +156,17 @@ class Cluster:
         token) and wait until it answers ``/v1/health`` (it chunks the data first)."""
         host, port = self.site.address(node), self.site.port(node, base_port)
         args = ["serve", str(directory), "--name", name, "--bind", f"{host}:{port}",
-                "--token-file", str(self.token_file), *extra]  # fmt: skip
+                "--token-file", str(self.token_file), *self._serve_tls(node), *extra]  # fmt: skip
         self._spawn(node, f"serve-{name}", args)
-        health = f"http://{host}:{port}/v1/health"
-        script = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+        health = f"https://{host}:{port}/v1/health"
+        script = (
+            "import ssl, sys, urllib.request\n"
+            "ctx = ssl.create_default_context(cafile=sys.argv[2])\n"
+            "urllib.request.urlopen(sys.argv[1], timeout=2, context=ctx)\n"
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.site.exec(node, [sys.executable, "-c", script, health],
+            if self.site.exec(node, [sys.executable, "-c", script, health, str(self.tls_ca)],
                               check=False).returncode == 0:  # fmt: skip
                 return
             time.sleep(0.3)
@@ -132,6 +174,10 @@ class Cluster:
             f"netopt serve {name} did not answer {health} within {timeout_s:g} s; "
             f"see {self.workdir / ('serve-' + name + '.log')}"
         )
+
+    def _serve_tls(self, node: str) -> list[str]:
+        cert, key = self.tls_files(node)
+        return ["--tls-cert", str(cert), "--tls-key", str(key)]
 
     def agent_config(self, node: str) -> Path:
         """The agent config file of ``node`` (``netopt sync --config`` shares through it)."""
@@ -173,12 +219,14 @@ class Cluster:
         """
         assert self.coordinator_node is not None
         script = (
-            "import sys, urllib.request\n"
+            "import ssl, sys, urllib.request\n"
             "req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + "
             "open(sys.argv[2]).read().strip()})\n"
-            "print(urllib.request.urlopen(req, timeout=5).read().decode())\n"
+            "ctx = ssl.create_default_context(cafile=sys.argv[3])\n"
+            "print(urllib.request.urlopen(req, timeout=5, context=ctx).read().decode())\n"
         )
-        argv = [sys.executable, "-c", script, self.coordinator_url + path, str(self.token_file)]
+        argv = [sys.executable, "-c", script, self.coordinator_url + path, str(self.token_file),
+                str(self.tls_ca)]  # fmt: skip
         proc = self.site.exec(self.coordinator_node, argv, check=check, timeout_s=30)
         if proc.returncode != 0:
             return None

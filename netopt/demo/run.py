@@ -335,7 +335,7 @@ def _transfer(
         "--loss", f"{min(cross.loss_ratio, 0.5):.6f}", "--sample", str(origin / "part-000.jsonl"),
         "--size-bytes", str(size), "--json",
     ))  # fmt: skip
-    token = ["--token-file", str(cluster.token_file)]
+    token = ["--token-file", str(cluster.token_file), *cluster.tls_args()]
     cluster.serve(origin_node, origin, "demo-data", SERVE_PORT)
 
     def url_for(node: str) -> str:

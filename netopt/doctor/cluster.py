@@ -18,6 +18,7 @@ import aiohttp
 
 from netopt.errors import NetoptError, PeerUnreachableError, ValidationError
 from netopt.nccl.from_coordinator import links_from_coordinator
+from netopt.tlsconf import client_ssl, data_scheme
 from netopt.wire.client import CoordinatorClient
 
 __all__ = ["AgentEndpoint", "merge_reports", "run_cluster_doctor"]
@@ -37,7 +38,7 @@ class AgentEndpoint:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.data_port}"
+        return f"{data_scheme()}://{host}:{self.data_port}"
 
 
 def agents_from_nodes(nodes_answer: dict[str, Any], wanted: Sequence[str]) -> list[AgentEndpoint]:
@@ -98,7 +99,13 @@ async def run_cluster_doctor(
     )
     headers = {"Authorization": f"Bearer {token}"}
     timeout = aiohttp.ClientTimeout(total=RUN_TIMEOUT_S)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+    tls = client_ssl(agents[0].url, sends_token=True)
+    for agent in agents[1:]:
+        client_ssl(agent.url, sends_token=True)  # each agent's address passes the rule
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else False)
+    async with aiohttp.ClientSession(
+        headers=headers, timeout=timeout, connector=connector
+    ) as session:
         await asyncio.gather(*(
             _post(session, a, "/v1/doctor/listen",
                   {"master_port": master_port, "duration_s": LISTEN_S})

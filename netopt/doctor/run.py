@@ -8,6 +8,7 @@ saying so instead of a guess.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import re
 import shutil
@@ -18,9 +19,10 @@ from typing import Any
 
 from netopt.config.links import LinksSettings
 from netopt.config.services import DEFAULT_PROBE_PORT
-from netopt.doctor import clock, gpu, host, mtu, ports, tcp
+from netopt.doctor import certs, clock, gpu, host, mtu, ports, tcp
 from netopt.doctor.findings import DoctorReport, Finding, Skipped
 from netopt.errors import NetoptError
+from netopt.tlsca import read_expiry
 
 __all__ = ["DoctorOptions", "link_views", "ping_rtt_ms", "run_doctor"]
 
@@ -42,6 +44,8 @@ class DoctorOptions:
     probe_port: int = DEFAULT_PROBE_PORT
     check_mtu: bool = True
     notes: tuple[str, ...] = field(default=())
+    cert_files: tuple[str, ...] = ()
+    """TLS certificates (a node's, the CA) whose expiry is checked."""
 
 
 def ping_rtt_ms(peer: str, count: int = 3) -> float | None:
@@ -177,6 +181,19 @@ def _clock_checks(options: DoctorOptions) -> tuple[list[Finding], list[Skipped],
     return findings, skipped, notes
 
 
+def _cert_checks(cert_files: tuple[str, ...], skipped: list[Skipped]) -> list[Finding]:
+    if not cert_files:
+        skipped.append(Skipped("tls", "no --tls-cert / --tls-ca given: expiry not checked"))
+        return []
+    expiries = []
+    for path in cert_files:
+        try:
+            expiries.append((path, read_expiry(path)))
+        except NetoptError as exc:
+            skipped.append(Skipped("tls", str(exc)))
+    return certs.check_certs(expiries, dt.datetime.now(dt.UTC))
+
+
 def run_doctor(options: DoctorOptions) -> DoctorReport:
     """Run every check this node can; bounded by the probes' timeouts (seconds per peer)."""
     findings, skipped, host_facts = _host_checks(options)
@@ -193,9 +210,10 @@ def run_doctor(options: DoctorOptions) -> DoctorReport:
             )
         )
     tcp_findings = tcp.check_tcp(tcp_facts, views)
+    tcp_findings += _cert_checks(options.cert_files, skipped)
     if os.geteuid() != 0:
         skipped.append(Skipped("apply", "not root: sysctl fixes cannot be applied (--apply)"))
-    checks = ["host", "gpu", "tcp", "ports", "mtu", "clock"]
+    checks = ["host", "gpu", "tcp", "ports", "mtu", "clock", "tls"]
     return DoctorReport.build(
         findings + peer_findings + clock_findings + tcp_findings,
         skipped + peer_skipped + clock_skipped,

@@ -4,6 +4,10 @@ Errors, by what the caller should do:
 
 - :class:`~netopt.errors.PeerUnreachableError`: connection refused or timed out,
   or a 5xx answer. Retry later (the agent spools and replays).
+- :class:`~netopt.errors.TlsError`: the TLS handshake was refused (wrong CA, expired
+  certificate, wrong host name, no client certificate), or http:// while TLS is on.
+- :class:`~netopt.errors.UsageError`: the token would go in plaintext to a non-loopback
+  host (`netopt.tlsconf.client_ssl`); refused before any byte is sent.
 - :class:`~netopt.errors.AuthenticationError`: 401, the token is wrong. Fix config.
 - :class:`CoordinatorRejected` (a ValidationError): any other 4xx, with ``status``
   and the JSON ``body``. Resending the same request will not help; a 404 on an
@@ -12,6 +16,7 @@ Errors, by what the caller should do:
 
 from __future__ import annotations
 
+import errno
 import json
 from types import TracebackType
 from typing import Any
@@ -22,8 +27,10 @@ from netopt.errors import (
     AuthenticationError,
     PeerUnreachableError,
     ResidencyError,
+    TlsError,
     ValidationError,
 )
+from netopt.tlsconf import client_ssl, disconnect_hint, explain_tls_failure
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
 __all__ = ["CoordinatorClient", "CoordinatorRejected"]
@@ -45,10 +52,17 @@ class CoordinatorClient:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._ssl = client_ssl(self.base_url, sends_token=True)
         self._session: aiohttp.ClientSession | None = None
 
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, headers=self._headers
+        )
+
     async def __aenter__(self) -> CoordinatorClient:
-        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        self._session = self._open()
         return self
 
     async def __aexit__(
@@ -66,8 +80,12 @@ class CoordinatorClient:
         self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None
     ) -> Any:
         """Send one request; the decoded JSON answer, or one of the module's errors."""
+        tls_now = client_ssl(self.base_url, sends_token=True)
+        if tls_now is not self._ssl:  # renewed files: a long-lived client takes them too
+            self._ssl = tls_now
+            await self.close()
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._session = self._open()
         url = self.base_url + path
         data = None if body is None else json.dumps(body, allow_nan=False).encode()
         headers = {"Content-Type": "application/json"} if data is not None else None
@@ -78,7 +96,20 @@ class CoordinatorClient:
                 raw = await response.read()
                 status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            tls_cause = explain_tls_failure(exc)
+            if tls_cause is not None:
+                raise TlsError(f"coordinator {self.base_url}: {tls_cause}") from None
             reason = str(exc) or type(exc).__name__
+            if isinstance(exc, aiohttp.ServerDisconnectedError):
+                hint, refused = disconnect_hint(self.base_url)
+                if refused:
+                    raise TlsError(f"coordinator {self.base_url}: {hint}") from None
+                reason += f" ({hint})"
+            elif getattr(exc, "errno", None) == errno.ECONNRESET:
+                # A TLS 1.3 server refusing a missing client certificate closes after the
+                # handshake: a clean close or, by timing, a reset. A reset is also what a
+                # flapping link gives, so it stays retryable; it only carries the hint.
+                reason += f" ({disconnect_hint(self.base_url)[0]})"
             raise PeerUnreachableError(
                 f"coordinator {self.base_url} unreachable: {reason}"
             ) from exc

@@ -36,7 +36,8 @@ def test_cluster_doctor_finds_the_blocked_direction(make_lab: MakeLab, tmp_path:
     proc = lab.exec(
         "hk-2",
         [sys.executable, "-m", "netopt", "doctor", "--coordinator", cluster.coordinator_url,
-         "--via-agents", "--no-mtu", "--token-file", str(cluster.token_file), "--json"],
+         "--via-agents", "--no-mtu", "--token-file", str(cluster.token_file), *cluster.tls_args(),
+         "--json"],
         timeout_s=240,
     )  # fmt: skip
     report = json.loads(proc.stdout)

@@ -46,6 +46,7 @@ def served(two_region_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Ite
     (src / "b.bin").write_bytes(os.urandom(1_000_000))
     server = two_region_lab.popen("us-1", _netopt(
         "serve", str(src), "--name", "ds", "--bind", f"0.0.0.0:{PORT}", "--no-auth",
+        "--allow-plaintext",  # the lab network: plaintext explicitly allowed
     ), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
         assert server.stdout is not None

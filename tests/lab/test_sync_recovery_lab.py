@@ -72,6 +72,7 @@ def measure_recovery(lab: Lab, root: Path, cut_s: float) -> tuple[float, dict[st
     (src / "data.bin").write_bytes(data)
     server = lab.popen("us-1", _netopt(
         "serve", str(src), "--name", "ds", "--bind", f"0.0.0.0:{PORT}", "--no-auth",
+        "--allow-plaintext",  # the lab network: plaintext explicitly allowed
     ), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     sync: subprocess.Popen[str] | None = None
     start = _delivered_to_hk(lab)  # the counters run for the lab's life
