@@ -55,6 +55,7 @@ from netopt.tlsconf import (
     use_client_tls,
 )
 from netopt.webshell import start_site
+from netopt.wire.answers import NodePlanAnswer, PlannedProbe
 from netopt.wire.client import CoordinatorClient
 from netopt.wire.schema import Heartbeat, LinkSummary, OutageRecord, Registration
 
@@ -76,8 +77,9 @@ class PlannedPeer:
     probe_port: int
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PlannedPeer:
-        return cls(str(data["node"]), str(data["host"]), int(data["probe_port"]))
+    def of(cls, probe: PlannedProbe) -> PlannedPeer:
+        """The peer of a checked plan entry."""
+        return cls(probe.node, probe.host, probe.probe_port)
 
     @property
     def target(self) -> ProbeTarget:
@@ -264,17 +266,14 @@ class Agent:
         plan = await client.plan(self.settings.node)
         self.apply_plan(plan)
 
-    def apply_plan(self, plan: dict[str, Any]) -> None:
+    def apply_plan(self, plan: NodePlanAnswer) -> None:
         """Start probing new peers, stop probing dropped ones, take the bandwidth slots."""
-        self.plan_version = str(plan.get("plan_version", ""))
-        wanted = {PlannedPeer.from_dict(p) for p in plan.get("probes", [])}
+        self.plan_version = plan.plan_version
+        wanted = {PlannedPeer.of(p) for p in plan.probes}
         self.probing.set_peers(wanted)
-        self._cycle_s = float(plan.get("bandwidth_cycle_s", 0.0))
-        self._slot_s = float(plan.get("bandwidth_slot_s", 0.0))
-        self._bandwidth = [
-            (PlannedPeer.from_dict(t), float(t["offset_s"]))
-            for t in plan.get("bandwidth_tests", [])
-        ]
+        self._cycle_s = plan.bandwidth_cycle_s
+        self._slot_s = plan.bandwidth_slot_s
+        self._bandwidth = [(PlannedPeer.of(t.peer), t.offset_s) for t in plan.bandwidth_tests]
         self.metrics.peers.set(len(wanted))
         log.info(
             "plan %s: %d peers, %d bandwidth tests",

@@ -26,11 +26,14 @@ import aiohttp
 from netopt.errors import (
     AuthenticationError,
     PeerUnreachableError,
+    ProtocolError,
     ResidencyError,
     TlsError,
     ValidationError,
 )
 from netopt.tlsconf import client_ssl, disconnect_hint, explain_tls_failure
+from netopt.wire.answers import NodePlanAnswer
+from netopt.wire.fields import RequestInvalid
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
 __all__ = ["CoordinatorClient", "CoordinatorRejected"]
@@ -145,10 +148,16 @@ class CoordinatorClient:
         result: dict[str, Any] = await self.request("DELETE", f"/api/v1/agents/{node}")
         return result
 
-    async def plan(self, node: str) -> dict[str, Any]:
-        """This node's probe peers and bandwidth slots (see ``NodePlan.to_dict``)."""
-        result: dict[str, Any] = await self.request("GET", f"/api/v1/agents/{node}/plan")
-        return result
+    async def plan(self, node: str) -> NodePlanAnswer:
+        """This node's probe peers and bandwidth slots, checked (`NodePlanAnswer`).
+
+        Raises ProtocolError naming the field when the answer is malformed.
+        """
+        answer = await self.request("GET", f"/api/v1/agents/{node}/plan")
+        try:
+            return NodePlanAnswer.from_dict(answer)
+        except RequestInvalid as exc:
+            raise ProtocolError(f"coordinator {self.base_url}: a malformed plan: {exc}") from None
 
     async def submit(self, node: str, batch: SummaryBatch) -> dict[str, Any]:
         """Send a batch; ``{"duplicate": true}`` means it was stored before (safe to drop)."""
