@@ -85,6 +85,8 @@ class AgentSettings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    train_dir: str = "/var/lib/netopt/train"
+    """Where training jobs' step meters leave their totals (``StepMeter(agent_dir=...)``)."""
 
     def __post_init__(self) -> None:
         check_name("node", self.node, "node name")

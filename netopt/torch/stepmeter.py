@@ -16,9 +16,12 @@ Per step (from one batch handed out to the next being asked for):
 
 Each step is one JSON line in ``log_path``; ``prom_path`` gets a Prometheus text
 file (node_exporter's textfile format, base units: ``_seconds_total``,
-``_steps_total``) rewritten atomically every ``prom_every`` steps. A failing log
-or export (bad path, full disk, read-only directory) warns once and is switched
-off: the meter never stops training.
+``_steps_total``) rewritten atomically every ``prom_every`` steps; ``agent_dir``
+(the node agent's ``train_dir``) gets the same totals as a small JSON file,
+``<job>.<rank>.json``, which the agent exports at ``/metrics`` and ``/v1/train``
+(``netopt.agent.trainjobs``). A failing log or export (bad path, full disk,
+read-only directory) warns once and is switched off: the meter never stops
+training. A job name that is not one (``names.JOB_NAME_RULE``) fails at once.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from netopt.agent.trainjobs import PART_HELP, STEPS_HELP, train_document, train_file_name
+from netopt.errors import ValidationError
+from netopt.names import JOB_NAME_RULE, is_job_name
 
 __all__ = ["StepMeter", "StepRecord", "exposed_comm_s", "render_prometheus"]
 
@@ -68,19 +75,14 @@ def render_prometheus(job: str, rank: int, totals: dict[str, float], steps: int)
     """Exposition text of the meter's totals (``totals``: seconds by part)."""
     labels = f'job="{_label(job)}",rank="{rank}"'
     lines = [
-        "# HELP netopt_train_steps_total Training steps measured by netopt's step meter.",
+        f"# HELP netopt_train_steps_total {STEPS_HELP}.",
         "# TYPE netopt_train_steps_total counter",
         f"netopt_train_steps_total{{{labels}}} {steps}",
     ]
-    for part, help_text in (
-        ("step", "Time in training steps."),
-        ("data_wait", "Time a step waited for its batch."),
-        ("comm_exposed", "Gradient communication a step waited for (not overlapped)."),
-        ("compute", "Time in steps neither waiting for data nor for communication."),
-    ):
+    for part, help_text in PART_HELP.items():
         name = f"netopt_train_{part}_seconds_total"
         lines += [
-            f"# HELP {name} {help_text}",
+            f"# HELP {name} {help_text}.",
             f"# TYPE {name} counter",
             f"{name}{{{labels}}} {totals[part]!r}",
         ]
@@ -123,11 +125,18 @@ class StepMeter:
         prom_path: str | os.PathLike[str] | None = None,
         prom_every: int = 10,
         rank: int = 0,
+        agent_dir: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if not is_job_name(job):
+            raise ValidationError(f"job name {job!r} is not allowed: {JOB_NAME_RULE}")
+        if type(rank) is not int or not 0 <= rank <= 65535:
+            raise ValidationError(f"rank {rank!r} is not an integer in 0..65535")
         self.job, self.rank, self.prom_every, self._clock = job, rank, max(1, prom_every), clock
         self._log = _Output(Path(log_path) if log_path is not None else None, "step log")
         self._prom = _Output(Path(prom_path) if prom_path is not None else None, "metrics file")
+        agent_file = None if agent_dir is None else Path(agent_dir) / train_file_name(job, rank)
+        self._agent = _Output(agent_file, "agent's train file")
         self._lock = threading.Lock()
         self._calls: list[float] = []
         self._dones: list[float] = []
@@ -207,9 +216,14 @@ class StepMeter:
             self.flush()
 
     def flush(self) -> None:
-        """Rewrite the Prometheus text file now (also done every ``prom_every`` steps)."""
-        text = render_prometheus(self.job, self.rank, self.totals, len(self.records))
-        self._prom.run(lambda path: _replace(path, text))
+        """Rewrite the Prometheus and agent files now (also done every ``prom_every`` steps)."""
+        steps = len(self.records)
+        if not self._prom.broken:
+            text = render_prometheus(self.job, self.rank, self.totals, steps)
+            self._prom.run(lambda path: _replace(path, text))
+        if not self._agent.broken:
+            summary = train_document(self.job, self.rank, self.totals, steps)
+            self._agent.run(lambda path: _replace(path, summary))
 
 
 def _append(path: Path, line: str) -> None:
