@@ -64,10 +64,10 @@ async def test_agent_exports_each_jobs_totals_and_status_shows_shares(tmp_path: 
             for s in family.samples
             if s.name.startswith("netopt_train_") and s.labels.get("job") == "lm-small"
         }
-        # flushed every 5 steps: 10 of the 12 steps reached the file
-        assert samples[("netopt_train_steps_total", "1")] == 10
-        assert samples[("netopt_train_step_seconds_total", "0")] == pytest.approx(10.0)
-        assert samples[("netopt_train_data_wait_seconds_total", "0")] == pytest.approx(2.5)
+        # written every 5 steps (and 5 s) and at the loop's end: all 12 steps
+        assert samples[("netopt_train_steps_total", "1")] == STEPS
+        assert samples[("netopt_train_step_seconds_total", "0")] == pytest.approx(12.0)
+        assert samples[("netopt_train_data_wait_seconds_total", "0")] == pytest.approx(3.0)
         assert samples[("netopt_train_comm_exposed_seconds_total", "0")] == 0
         assert "netopt_agent_train_files_rejected 1.0" in text
         promtool = shutil.which("promtool")
