@@ -25,7 +25,12 @@ async def _get(url: str, timeout_s: float) -> bytes:
         ):
             if response.status != 200:
                 raise ProtocolError(f"agent {url} answered HTTP {response.status} for /v1/train")
-            body = await response.content.read(MAX_BODY_BYTES + 1)
+            body = b""
+            while len(body) <= MAX_BODY_BYTES:  # read() may return any part: to the end
+                part = await response.content.read(MAX_BODY_BYTES + 1 - len(body))
+                if not part:
+                    break
+                body += part
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise NetworkError(f"cannot reach the agent at {url}: {exc}") from None
     if len(body) > MAX_BODY_BYTES:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from netopt.cli.train_status import MAX_BODY_BYTES
 from netopt.torch.stepmeter import StepMeter
 from tests.service.agent_helpers import running_agent
 from tests.service.cache_helpers import mount_tmpfs, umount
@@ -138,3 +139,54 @@ def test_meter_refuses_a_job_name_that_could_be_a_path_before_the_first_step() -
 
     with pytest.raises(ValidationError, match="job name"):
         StepMeter("../etc/passwd", agent_dir="/tmp")
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (b"x" * (2 * MAX_BODY_BYTES), "over"),
+        (b"not json", "not JSON"),
+        (b'{"jobs": {"a": 1}}', "no list"),
+        (b'{"jobs": [{"job": "../x", "rank": 0, "steps": 1, "seconds": {}}]}', "malformed"),
+        (
+            json.dumps(
+                {
+                    "jobs": [
+                        {
+                            "job": "j",
+                            "rank": 0,
+                            "steps": 1,
+                            "seconds": dict.fromkeys(
+                                ("step", "data_wait", "comm_exposed", "compute"), 1e99
+                            ),
+                        }
+                    ]
+                }
+            ).encode(),
+            "malformed",
+        ),
+    ],
+)
+async def test_status_refuses_a_hostile_agents_answer(body: bytes, match: str) -> None:
+    """A real server on localhost answers /v1/train with hostile data: a clear error."""
+    from aiohttp import web
+
+    from netopt.cli.train_status import _get, _parse
+    from netopt.errors import ProtocolError
+
+    async def train(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/train", train)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with pytest.raises(ProtocolError, match=match):
+            _parse(url, await _get(url, 5.0))
+    finally:
+        await runner.cleanup()
