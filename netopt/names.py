@@ -19,11 +19,14 @@ __all__ = [
     "DATASET_NAME_RULE",
     "HASH_ID_RE",
     "IFNAME_RE",
+    "JOB_NAME_RE",
+    "JOB_NAME_RULE",
     "NODE_NAME_RE",
     "NODE_NAME_RULE",
     "is_dataset_name",
     "is_hash_id",
     "is_ifname",
+    "is_job_name",
     "is_node_name",
     "validate_dataset_name",
     "validate_hash_id",
@@ -41,6 +44,11 @@ NODE_NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?\Z")
 """Node and region names: lowercase host names (letters, digits, '-', '.'), at most 63."""
 
 NODE_NAME_RULE = "lowercase letters, digits, '-' and '.', at most 63 characters"
+
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+"""Training job names (the step meter's ``job`` label, a file name in the agent's train dir)."""
+
+JOB_NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
 
 IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}\Z")
 """Network interface names: at most 15 characters (IFNAMSIZ is 16 with the NUL)."""
@@ -61,6 +69,11 @@ def validate_dataset_name(value: object, what: str = "dataset name") -> str:
 def is_node_name(value: object) -> TypeGuard[str]:
     """True when ``value`` is a node or region name (a lowercase host name)."""
     return isinstance(value, str) and NODE_NAME_RE.fullmatch(value) is not None
+
+
+def is_job_name(value: object) -> TypeGuard[str]:
+    """True when ``value`` is a training job name (so never a path)."""
+    return isinstance(value, str) and JOB_NAME_RE.fullmatch(value) is not None
 
 
 def is_ifname(value: object) -> TypeGuard[str]:

@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +40,7 @@ from netopt.agent.probing import PeerProbing
 from netopt.agent.reporter import NeedsRegistration, Reporter
 from netopt.agent.spool import Spool
 from netopt.agent.summaries import bandwidth_summary, probe_summary
+from netopt.agent.trainjobs import TrainJobsCollector
 from netopt.config.services import AgentSettings
 from netopt.errors import AuthenticationError, NetoptError, NetworkError
 from netopt.measure.bandwidth import measure_bandwidth
@@ -125,6 +127,7 @@ class Agent:
         self.rng = rng if rng is not None else random.Random()  # timing only, not secrets
         self.metrics = AgentMetrics()
         self.metrics.registry.register(SyncTotalsCollector(settings.cache.dir))
+        self.metrics.registry.register(TrainJobsCollector(Path(settings.train_dir)))
         self.spool = Spool(settings.spool.dir, settings.spool.max_bytes)
         self.reporter = Reporter(settings.node, self.spool, self.metrics)
         self.started_at_s = time.monotonic()

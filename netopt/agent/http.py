@@ -1,14 +1,18 @@
-"""The agent's HTTP endpoints: ``/healthz``, Prometheus ``/metrics``, the doctor, and its
+"""The agent's HTTP endpoints: ``/healthz``, Prometheus ``/metrics``, ``/v1/train`` (the
+node's training jobs, see ``trainjobs``), the doctor, and its
 cache served to peers (the data plane's ``/v1/datasets/...`` routes, token required)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from netopt.agent.doctor_api import doctor_routes
+from netopt.agent.trainjobs import PARTS, read_train_jobs
 from netopt.cache.peerserve import CachedDatasets, agent_cpu_profile
 from netopt.dataplane.handlers import STATS, ServeSettings, auth_middleware
 from netopt.dataplane.server import add_dataplane
@@ -45,17 +49,45 @@ async def metrics(request: web.Request) -> web.Response:
     served = request.app[STATS]
     agent.metrics.served_chunks.set(served.chunk_requests.total())
     agent.metrics.served_bytes.set(served.payload_bytes_sent)
-    body = generate_latest(agent.metrics.registry)
+    # off the loop: the train directory's files are read at collection
+    body = await asyncio.to_thread(generate_latest, agent.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def train_jobs(request: web.Request) -> web.Response:
+    """Each training job's rank: steps, seconds and share of step time per part."""
+    directory = Path(request.app[AGENT].settings.train_dir)
+    jobs, rejected = await asyncio.to_thread(read_train_jobs, directory)
+    return web.json_response(
+        {
+            "jobs": [
+                {
+                    "job": job.job,
+                    "rank": job.rank,
+                    "steps": job.steps,
+                    "seconds": job.seconds,
+                    "shares": {part: job.share(part) for part in PARTS if part != "step"},
+                }
+                for job in jobs
+            ],
+            "rejected_files": rejected,
+        }
+    )
+
+
 def create_app(agent: Agent) -> web.Application:
-    """The agent's web app. Health and metrics carry no secrets, so need no token; the
-    doctor routes do (see ``doctor_api``)."""
+    """The agent's web app. Health, metrics and the training jobs' totals carry no
+    secrets, so need no token; the doctor routes do (see ``doctor_api``)."""
     shell = service_shell("agent", max_request_bytes=MAX_REQUEST_BYTES, observer=agent.metrics.http)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[shell, auth_middleware])
     app[AGENT] = agent
-    app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
+    app.add_routes(
+        [
+            web.get("/healthz", healthz),
+            web.get("/metrics", metrics),
+            web.get("/v1/train", train_jobs),
+        ]
+    )
     app.add_routes(doctor_routes(agent))
     cache = agent.settings.cache
     cc = None if cache.congestion_control == "default" else cache.congestion_control

@@ -64,10 +64,20 @@ async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
     show_default=True,
     help="The measurement window the link figures cover.",
 )
+@click.option(
+    "--agent",
+    "agent_url",
+    help="Show this node agent's training jobs (step meters) instead: data wait, exposed "
+    "communication and compute as shares of step time. No token.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @client_tls_options()
-def status_command(url: str, token_file: str | None, window_s: float, as_json: bool) -> int:
+def status_command(
+    url: str, token_file: str | None, window_s: float, agent_url: str | None, as_json: bool
+) -> int:
     """Show nodes (with liveness) and links (RTT, loss, bandwidth). Token: NETOPT_TOKEN."""
+    if agent_url is not None:
+        return _train_status(agent_url, as_json)
     result = asyncio.run(fetch_status(url, cli_token(token_file), window_s))
     if as_json:
         print_json(result)
@@ -118,3 +128,21 @@ def _link_row(link: dict[str, Any]) -> list[Any]:
         None if bw["aggregate_bps"] is None else bw["aggregate_bps"] / 1e6,
         link["summary_count"],
     ]
+
+
+def _train_status(agent_url: str, as_json: bool) -> int:
+    from netopt.cli.train_status import fetch_train_jobs, train_rows
+
+    jobs = fetch_train_jobs(agent_url)
+    if as_json:
+        print_json({"jobs": [job.__dict__ for job in jobs]})
+        return 0
+    if not jobs:
+        console.print(f"no training jobs at {agent_url}")
+        return 0
+    print_table(
+        f"training jobs ({len(jobs)})",
+        ["job", "rank", "steps", "step s", "data wait", "exposed comm", "compute"],
+        train_rows(jobs),
+    )
+    return 0

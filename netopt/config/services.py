@@ -86,6 +86,8 @@ class AgentSettings:
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     tls: TlsSettings = field(default_factory=TlsSettings)
+    train_dir: str = "/var/lib/netopt/train"
+    """Where training jobs' step meters leave their totals (``StepMeter(agent_dir=...)``)."""
 
     def __post_init__(self) -> None:
         check_name("node", self.node, "node name")

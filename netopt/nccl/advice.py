@@ -5,7 +5,10 @@ The hook is chosen from the predicted share of communication in a step,
 another and no overlap with the backward pass (an upper bound: DDP overlaps
 some of it). The least lossy hook that brings the share under ``TARGET_SHARE``
 wins: none, then ``bf16_compress_hook`` (half the bytes), then PowerSGD with the
-largest matrix-approximation rank that fits.
+largest matrix-approximation rank that fits. Beside the hook: gradient
+accumulation (K micro-batches per all-reduce) when the share is over the
+target, and local SGD over the regions when even PowerSGD leaves it over
+(``nccl.fewer_syncs``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from netopt.nccl.costmodel import Fabric, predict
+from netopt.nccl.costmodel import Fabric, predict, ring_allreduce_s
+from netopt.nccl.fewer_syncs import accumulation, averaging
 from netopt.nccl.model import Advice, TuneOptions
 
 __all__ = [
@@ -77,7 +81,11 @@ def advise(
         return _share(allreduces * step_comm_s(fabric, size, options.bucket_bytes), compute_s)
 
     share = _share(comm_s, compute_s)
-    hook, rank, reason = _pick_hook(share, share_with, options.layer_dim)
+    hook, rank, reason, after = _pick_hook(share, share_with, options.layer_dim)
+    local_averaging = None
+    if after > TARGET_SHARE and len(fabric.region_sizes) > 1:
+        region_s = _region_comm_s(fabric, grad_bytes, options.bucket_bytes)
+        local_averaging = averaging(comm_s, region_s, compute_s, TARGET_SHARE)
     return Advice(
         timeout_s=timeout_s,
         timeout_reason=timeout_reason,
@@ -85,20 +93,36 @@ def advise(
         hook_reason=reason,
         powersgd_rank=rank,
         comm_share=share,
+        accumulation=accumulation(comm_s, compute_s, TARGET_SHARE),
+        averaging=local_averaging,
     )
+
+
+def _region_comm_s(fabric: Fabric, grad_bytes: int, bucket_bytes: int) -> float:
+    """A step's gradient all-reduce inside the largest region (a ring on the local hop)."""
+    ranks = max(fabric.region_sizes)
+    if fabric.local is None or ranks < 2 or grad_bytes <= 0:
+        return 0.0
+    full, rest = divmod(grad_bytes, bucket_bytes)
+    alpha, rate = fabric.local.alpha_s, fabric.local.rate_bps
+    total = full * ring_allreduce_s(ranks, bucket_bytes, alpha, rate)
+    return total + (ring_allreduce_s(ranks, rest, alpha, rate) if rest else 0.0)
 
 
 def _pick_hook(
     share: float, share_with: Callable[..., float], layer_dim: int
-) -> tuple[str, int | None, str]:
+) -> tuple[str, int | None, str, float]:
+    """The hook, its PowerSGD rank, why, and the comm share it leaves."""
     if share <= TARGET_SHARE:
-        return "none", None, f"communication is {share:.0%} of a step: no compression needed"
+        reason = f"communication is {share:.0%} of a step: no compression needed"
+        return "none", None, reason, share
     bf16 = share_with(0.5)
     if bf16 <= TARGET_SHARE:
         return (
             "bf16_compress_hook",
             None,
             f"communication is {share:.0%} of a step; bf16 gradients bring it to {bf16:.0%}",
+            bf16,
         )
     for rank in POWERSGD_RANKS:
         # PowerSGD sends P and Q (two all-reduces) of about 2*rank/dim of each matrix.
@@ -109,6 +133,7 @@ def _pick_hook(
                 rank,
                 f"communication is {share:.0%} of a step (bf16 still {bf16:.0%}); "
                 f"PowerSGD rank {rank} brings it to {compressed:.0%}",
+                compressed,
             )
     lowest = share_with(min(1.0, 2 / layer_dim), allreduces=2)
     return (
@@ -116,4 +141,5 @@ def _pick_hook(
         1,
         f"communication is {share:.0%} of a step; even PowerSGD rank 1 leaves {lowest:.0%}: "
         f"the link bounds this job, consider fewer cross-region ranks",
+        lowest,
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from netopt.errors import ValidationError
+from netopt.nccl.fewer_syncs import Accumulation, Averaging
 from netopt.nccl.rankorder import RankOrder
 
 __all__ = [
@@ -210,6 +211,10 @@ class Advice:
     powersgd_rank: int | None = None
     comm_share: float | None = None
     notes: tuple[str, ...] = ()
+    accumulation: Accumulation | None = None
+    """Gradient accumulation, when communication is over the target share."""
+    averaging: Averaging | None = None
+    """Local SGD over the regions, when even PowerSGD leaves it over the target."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, Literal
 
 from netopt.nccl.model import EnvValue, NcclSettings
@@ -56,6 +57,11 @@ def _header(settings: NcclSettings, node: str | None = None) -> list[str]:
     lines.append(f"#   {advice.timeout_reason}")
     hook = advice.hook + (f"(rank {advice.powersgd_rank})" if advice.powersgd_rank else "")
     lines.append(f"# advice: DDP comm hook {hook}: {advice.hook_reason}")
+    if advice.accumulation is not None:
+        lines.append(f"# advice: gradient accumulation: {advice.accumulation.reason}")
+    if advice.averaging is not None:
+        lines.append(f"# advice: local SGD: {advice.averaging.reason}")
+        lines.append(f"#   caveat: {advice.averaging.caveat}")
     lines += [f"# note: {n}" for n in advice.notes]
     return lines
 
@@ -193,6 +199,8 @@ def settings_as_data(settings: NcclSettings) -> dict[str, Any]:
             "powersgd_rank": advice.powersgd_rank,
             "comm_share": advice.comm_share,
             "notes": list(advice.notes),
+            "accumulation": None if advice.accumulation is None else asdict(advice.accumulation),
+            "averaging": None if advice.averaging is None else asdict(advice.averaging),
         },
         "warnings": list(settings.warnings),
         "rank_order": None

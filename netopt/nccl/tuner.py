@@ -363,7 +363,9 @@ def _note_two_level(advice: Advice, times: dict[str, float], bucket_bytes: int) 
     note = (
         f"two-level all-reduce (region-local, then cross-region) is predicted at "
         f"{times['two-level']:.3g}s vs ring {times['ring']:.3g}s for {bucket_bytes / 2**20:g} MiB; "
-        f"NCCL has no region-aware socket all-reduce: use hierarchical process groups (HSDP)"
+        f"NCCL has no region-aware socket all-reduce: netopt's DDP hook does it per bucket, "
+        f"crossing the border once per region (apply_comm_hook(model, "
+        f"'hierarchical_allreduce_hook', regions=...)), or use hierarchical process groups (HSDP)"
     )
     return replace(advice, notes=(*advice.notes, note))
 

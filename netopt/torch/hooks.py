@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from netopt.errors import DependencyError, ValidationError
 from netopt.nccl.model import Advice
+from netopt.torch.hierarchical import HierarchicalState, hierarchical_hook, region_groups
 from netopt.torch.lowrank import LowRankState, lowrank_hook
 from netopt.torch.stepmeter import StepMeter
 
 __all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
 
-HOOKS = ("none", "bf16_compress_hook", "powerSGD_hook")
+HOOKS = ("none", "bf16_compress_hook", "powerSGD_hook", "hierarchical_allreduce_hook")
 _HOOKS_PKG = "torch.distributed.algorithms.ddp_comm_hooks"
 
 
@@ -97,6 +99,7 @@ def apply_comm_hook(
     process_group: Any = None,
     start_powersgd_iter: int = 1000,
     meter: StepMeter | None = None,
+    regions: Sequence[str] | None = None,
 ) -> AppliedHook:
     """Register ``hook`` (one of HOOKS) on ``model``, a DistributedDataParallel.
 
@@ -105,6 +108,10 @@ def apply_comm_hook(
     ``powerSGD_hook`` is PyTorch's on NCCL; on other backends (Gloo), where
     PyTorch's aborts or hangs as soon as DDP has two buckets, it is netopt's
     :func:`~netopt.torch.lowrank.lowrank_hook` (same maths, the note says so).
+    ``hierarchical_allreduce_hook`` is netopt's
+    :func:`~netopt.torch.hierarchical.hierarchical_hook` over the region subgroups
+    of ``regions`` (the region of each rank, e.g. from ``gather_regions``); every
+    rank must call this at the same point (it creates process groups).
     With ``meter`` the hook's futures are timed for that :class:`StepMeter`.
     For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
     Raises ValidationError for another model type, an unknown hook or a missing
@@ -121,6 +128,14 @@ def apply_comm_hook(
         if meter is not None:  # DDP's own all-reduce, as a hook the meter can time
             meter.watch(model, process_group)
         return AppliedHook("none")
+    if hook == "hierarchical_allreduce_hook":
+        if regions is None:
+            raise ValidationError("the hierarchical all-reduce needs the region of each rank")
+        if process_group is not None:
+            raise ValidationError("the hierarchical all-reduce runs on the default group only")
+        groups = region_groups(torch, regions)
+        _register(model, HierarchicalState(torch, groups), hierarchical_hook, meter)
+        return AppliedHook(hook, groups)
     default_hooks = importlib.import_module(f"{_HOOKS_PKG}.default_hooks")
     if hook == "bf16_compress_hook":
         if _bf16_works(torch, process_group):
@@ -157,6 +172,7 @@ def apply_advice(
     process_group: Any = None,
     start_powersgd_iter: int = 1000,
     meter: StepMeter | None = None,
+    regions: Sequence[str] | None = None,
 ) -> AppliedHook:
     """Register the hook ``advice`` names (see :func:`apply_comm_hook`)."""
     return apply_comm_hook(
@@ -166,4 +182,5 @@ def apply_advice(
         process_group=process_group,
         start_powersgd_iter=start_powersgd_iter,
         meter=meter,
+        regions=regions,
     )

@@ -6,7 +6,10 @@ STEPS steps, each metered by netopt's StepMeter: ``plain`` (netopt's advised
 'none', DDP's all-reduce, timed) and ``slow_comm`` (a hook whose last bucket's
 future completes COMM_SLEEP_S late, as a slow link would). Rank 1 logs to a path
 under a regular file, which cannot exist: the meter must warn and go on.
-Prints one JSON line per phase: the meter's records and its Prometheus file.
+Prints one JSON line per phase: the meter's records and its Prometheus file, and
+the worker's own timings of what the meter should see: each batch's read, and
+(slow_comm) the last bucket's all-reduce (from the hook's call, the slower rank's
+lateness included) and its sleep.
 """
 
 from __future__ import annotations
@@ -35,27 +38,39 @@ def main() -> int:
         timeout=timedelta(seconds=30),
     )  # fmt: skip
 
+    fetch_s: list[float] = []  # what each batch's read really took (a loaded machine oversleeps)
+    last_bucket: list[dict[str, float]] = []  # the slow hook's last bucket, per step
+
     class SlowBatches(torch.utils.data.Dataset):
         def __len__(self) -> int:
             return STEPS
 
         def __getitem__(self, index: int):
+            start = time.perf_counter()
             time.sleep(DATA_SLEEP_S)  # a slow read, as from a far-away store
             generator = torch.Generator().manual_seed(1000 * rank + index)
-            return torch.randn(BATCH, WIDTH, generator=generator)
+            batch = torch.randn(BATCH, WIDTH, generator=generator)
+            fetch_s.append(time.perf_counter() - start)
+            return batch
 
     def slow_allreduce(state, bucket):
+        called = time.perf_counter()
         fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
         last = bucket.is_last()
 
         def finish(f):
             if last:
+                reduced = time.perf_counter()  # includes waiting for the slower rank
                 time.sleep(COMM_SLEEP_S)  # the link's share the backward pass cannot hide
+                slept = time.perf_counter() - reduced
+                last_bucket.append({"allreduce_s": reduced - called, "sleep_s": slept})
             return f.value()[0].div_(world)
 
         return fut.then(finish)
 
     for phase in ("plain", "slow_comm"):
+        fetch_s.clear()
+        last_bucket.clear()
         torch.manual_seed(0)
         layers = []
         for _ in range(LAYERS):
@@ -81,6 +96,8 @@ def main() -> int:
             "rank": rank,
             "params": sum(p.numel() for p in model.parameters()),
             "records": [r.__dict__ for r in meter.records],
+            "fetch_s": fetch_s,
+            "last_bucket": last_bucket,
             "prom": prom.read_text(),
         }), flush=True)  # fmt: skip
     dist.barrier()

@@ -42,7 +42,13 @@ def test_step_meter_breaks_down_real_ddp_steps(tmp_path: Path) -> None:
                 assert r["step_s"] == pytest.approx(parts)
                 assert r["compute_s"] > 0
             waits = [r["data_wait_s"] for r in records]
-            assert statistics.median(waits) == pytest.approx(DATA_SLEEP_S, rel=0.1)
+            # The meter's wait against what each read really took (a loaded machine
+            # oversleeps DATA_SLEEP_S): never less, and within 10%.
+            fetched = phase["fetch_s"]
+            assert len(fetched) == STEPS
+            assert all(f >= DATA_SLEEP_S for f in fetched)
+            assert all(w >= f for w, f in zip(waits, fetched, strict=True))
+            assert statistics.median(w / f for w, f in zip(waits, fetched, strict=True)) <= 1.1
             totals = {
                 m.name: m.samples[0].value for m in text_string_to_metric_families(phase["prom"])
             }
@@ -51,13 +57,17 @@ def test_step_meter_breaks_down_real_ddp_steps(tmp_path: Path) -> None:
             assert totals["netopt_train_comm_exposed_seconds"] == pytest.approx(
                 sum(r["comm_exposed_s"] for r in records)
             )
-        # The last bucket's future completes COMM_SLEEP_S late: that time is exposed
-        # communication, never less, and (over DDP's own loopback all-reduce) not 10% more.
-        slow_comm = [r["comm_exposed_s"] for r in slow["records"][1:]]
-        plain_comm = [r["comm_exposed_s"] for r in plain["records"][1:]]
+        # The last bucket's future completes COMM_SLEEP_S late, after its all-reduce
+        # (which waits for the slower rank: on a loaded machine that is 0.1 s at times,
+        # and it is exposed communication too). The meter's figure is at least the
+        # worker's own timing of both, and within 10% of the sleep above it.
+        slow_comm = [r["comm_exposed_s"] for r in slow["records"]]
+        timed = [b["allreduce_s"] + b["sleep_s"] for b in slow["last_bucket"]]
+        assert len(timed) == STEPS
         assert min(slow_comm) >= COMM_SLEEP_S
-        assert statistics.median(slow_comm) <= COMM_SLEEP_S * 1.1 + statistics.median(plain_comm)
-        assert statistics.median(plain_comm) < COMM_SLEEP_S / 2
+        assert all(c >= t for c, t in zip(slow_comm, timed, strict=True))
+        extra = [c - t for c, t in zip(slow_comm, timed, strict=True)]
+        assert statistics.median(extra) <= 0.1 * COMM_SLEEP_S
     logged = [json.loads(line) for line in (tmp_path / "plain-0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == list(range(STEPS))
     # Rank 1's log path cannot exist: it warned (once: Python shows a repeated warning

@@ -17,6 +17,11 @@ from netopt.nccl.costmodel import (
     ring_allreduce_s,
     tree_allreduce_s,
 )
+from netopt.nccl.fewer_syncs import (
+    MAX_MICRO_BATCHES,
+    accumulation,
+    averaging,
+)
 from netopt.nccl.model import TuneOptions, parse_version
 from netopt.nccl.tuner import tune_nccl
 
@@ -283,3 +288,48 @@ def test_too_few_nodes_old_versions_and_bad_version_strings() -> None:
         parse_version("two.twenty")
     assert parse_version("2.21.5+cuda12.4") == (2, 21, 5)
     assert parse_version("2.24") == (2, 24, 0)
+
+
+# ------------------------------------------------- fewer all-reduces per sample
+
+
+def test_accumulation_k_is_the_least_that_meets_the_target() -> None:
+    assert accumulation(0.1, 1.0, TARGET_SHARE) is None  # already under
+    acc = accumulation(3.0, 1.0, TARGET_SHARE)  # 75%: K=9 gives 3/(3+9) = 25%
+    assert acc is not None
+    assert acc.micro_batches == 9
+    assert acc.comm_share_after == pytest.approx(0.25)
+    assert "DDP.no_sync() for the first 8" in acc.reason
+    assert "effective batch becomes 9 x" in acc.reason
+    assert "learning rate by 9" in acc.reason
+    capped = accumulation(1000.0, 1.0, TARGET_SHARE)
+    assert capped is not None
+    assert capped.micro_batches == MAX_MICRO_BATCHES
+    assert capped.comm_share_after > TARGET_SHARE
+    assert "needs K=3000" in capped.reason
+
+
+def test_averaging_period_from_border_and_region_times() -> None:
+    # in-region 0.1 s, compute 0.9 s, averaging across the border 6 s: the least H
+    # with (0.1 + 6/H) / (1.0 + 6/H) <= 25% is 30 (6/30 = 0.2: 0.3 / 1.2 = 25%)
+    avg = averaging(6.0, 0.1, 0.9, TARGET_SHARE)
+    assert avg is not None
+    assert avg.period_steps == 30
+    assert avg.comm_share_after == pytest.approx(TARGET_SHARE)
+    assert averaging(6.0, 0.1, 0.9, 0.5).period_steps < 30  # type: ignore[union-attr]
+    assert "PeriodicModelAverager(period=30" in avg.reason
+    assert "drift" in avg.caveat
+    assert averaging(6.0, 2.0, 1.0, TARGET_SHARE) is None  # the region's link bounds it
+
+
+def test_communication_bound_cross_region_job_gets_both_advices() -> None:
+    nodes, links = two_region()
+    options = TuneOptions(params=5_000_000, step_compute_ms=200)
+    advice = tune_nccl(nodes, links, V_2_24, options).advice
+    assert advice.accumulation is not None
+    assert advice.accumulation.micro_batches > 1
+    assert advice.averaging is not None  # even PowerSGD rank 1 leaves it over the target
+    assert advice.averaging.period_steps >= 2
+    relaxed = tune_nccl(nodes, links, V_2_24, TuneOptions(params=1000, step_compute_ms=1e4))
+    assert relaxed.advice.accumulation is None
+    assert relaxed.advice.averaging is None

@@ -1,0 +1,183 @@
+"""A region-hierarchical all-reduce DDP comm hook: border bytes grow with regions, not nodes.
+
+Per DDP bucket: reduce inside each region to its leader (the region's lowest
+rank), all-reduce among the leaders (the only traffic that crosses a border),
+broadcast from the leader inside the region, divide by the world size. With
+``R`` regions each leader sends ``2(R-1)/R x S`` across borders for a bucket of
+``S`` bytes (``S`` for two regions) however many nodes each region holds; a
+flat ring pays ``2(n-1)/n x S`` on each border hop and waits ``2(n-1)`` times on
+the border's latency.
+
+Gloo matches collectives by the order they are enqueued on a group, and DDP
+calls the hook for bucket 0, 1, ... on every rank. So one worker thread per
+state runs each bucket's three collectives to the end, blocking, bucket after
+bucket: every group sees the same order on every rank, and the backward pass
+goes on computing meanwhile (the hook only queues). A failed or timed-out
+collective fails that bucket's future (DDP raises in ``backward()``); nothing
+waits forever: each blocking call is bounded by the group's timeout.
+
+Every rank must call :func:`region_groups` at the same point, with the same
+``regions`` (``dist.new_group`` is collective over the whole world).
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from netopt.errors import ValidationError
+from netopt.names import NODE_NAME_RULE, is_node_name
+
+__all__ = [
+    "HierarchicalState",
+    "RegionGroups",
+    "gather_regions",
+    "hierarchical_hook",
+    "region_groups",
+    "region_members",
+]
+
+
+def region_members(regions: Sequence[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The ranks of each region, regions in order of first appearance (pure).
+
+    ``regions[r]`` is the region of rank ``r``. Raises ValidationError for an empty
+    list or a name that is not a region name.
+    """
+    if not regions:
+        raise ValidationError("the region of each rank is needed (got none)")
+    members: dict[str, list[int]] = {}
+    for rank, region in enumerate(regions):
+        if not is_node_name(region):
+            raise ValidationError(
+                f"rank {rank}'s region {region!r} is not a region name: {NODE_NAME_RULE}"
+            )
+        members.setdefault(region, []).append(rank)
+    return tuple((name, tuple(ranks)) for name, ranks in members.items())
+
+
+@dataclass(frozen=True)
+class RegionGroups:
+    """This rank's view of the region subgroups.
+
+    ``region_group`` is None where the rank's region has one rank; ``leader_group``
+    is None on non-leaders and where there is one region.
+    """
+
+    rank: int
+    world: int
+    members: tuple[tuple[str, tuple[int, ...]], ...]
+    leader: int
+    region_group: Any
+    leader_group: Any
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader
+
+
+def gather_regions(torch: Any, my_region: str) -> tuple[str, ...]:
+    """Every rank's region, from each rank's own (a collective on the default group).
+
+    Raises ValidationError if any rank's region is not a region name.
+    """
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, my_region)
+    region_members(gathered)  # checks every name
+    return tuple(gathered)
+
+
+def region_groups(
+    torch: Any,
+    regions: Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    backend: str | None = None,
+) -> RegionGroups:
+    """Create one group per region of two or more ranks and one of the region leaders.
+
+    Collective: every rank of the default group calls it with the same
+    ``regions`` (one region name per rank, see :func:`gather_regions`).
+    ``timeout_s`` bounds each collective on the new groups (default: the default
+    group's). Raises ValidationError when ``regions`` does not name every rank.
+    """
+    dist = torch.distributed
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if len(regions) != world:
+        raise ValidationError(f"{len(regions)} regions given for a world of {world} ranks")
+    members = region_members(regions)
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    leader, region_group = rank, None
+    for _name, ranks in members:
+        group = None
+        if len(ranks) > 1:
+            group = dist.new_group(ranks=list(ranks), timeout=timeout, backend=backend)
+        if rank in ranks:
+            leader, region_group = ranks[0], group
+    leaders = [ranks[0] for _name, ranks in members]
+    leader_group = None
+    if len(leaders) > 1:
+        group = dist.new_group(ranks=leaders, timeout=timeout, backend=backend)
+        leader_group = group if rank in leaders else None
+    return RegionGroups(rank, world, members, leader, region_group, leader_group)
+
+
+@dataclass
+class HierarchicalState:
+    """The hook's state: the groups and the worker thread that runs the collectives."""
+
+    torch: Any
+    groups: RegionGroups
+    _queue: queue.SimpleQueue[tuple[Any, Any]] = field(default_factory=queue.SimpleQueue)
+    _worker: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def submit(self, buffer: Any) -> Any:
+        """Queue ``buffer``'s all-reduce; the future completes with the averaged buffer."""
+        future = self.torch.futures.Future()
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._run, name="netopt-hierarchical-allreduce", daemon=True
+                )
+                self._worker.start()
+        self._queue.put((buffer, future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            buffer, future = self._queue.get()
+            try:
+                self.allreduce(buffer)
+                buffer.div_(self.groups.world)
+            except Exception as exc:  # handed to DDP, which raises it in backward()
+                future.set_exception(exc)
+            else:
+                future.set_result(buffer)
+
+    def allreduce(self, tensor: Any) -> None:
+        """Sum ``tensor`` over the world in place: region, leaders, region (blocking)."""
+        dist, g = self.torch.distributed, self.groups
+        if g.region_group is not None:
+            dist.reduce(tensor, dst=g.leader, group=g.region_group)
+        if g.leader_group is not None:
+            dist.all_reduce(tensor, group=g.leader_group)
+        if g.region_group is not None:
+            dist.broadcast(tensor, src=g.leader, group=g.region_group)
+
+
+def hierarchical_hook(state: HierarchicalState, bucket: Any) -> Any:
+    """DDP comm hook: the bucket averaged over all ranks, crossing borders once per region."""
+    return state.submit(bucket.buffer())
+
+
+# DDP refuses a hook whose ``bucket`` annotation is not ``dist.GradBucket`` (this
+# module's are strings: it does not import torch), so it is shown none.
+hierarchical_hook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("state", "bucket")]
+)
