@@ -28,10 +28,26 @@ class _NodeStates(Collector):
         yield family
 
 
+class _Leader(Collector):
+    def __init__(self, is_leader: Callable[[], bool]) -> None:
+        self._is_leader = is_leader
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "netopt_coordinator_leader",
+            "1 on the replica elected to do once-only work (retention sweeps), else 0.",
+            value=1 if self._is_leader() else 0,
+        )
+
+
 class CoordinatorMetrics:
     """Request, ingest and node-state metrics; ``render()`` gives the exposition text."""
 
-    def __init__(self, node_counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        node_counts: Callable[[], dict[str, int]],
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "netopt_coordinator_requests",
@@ -58,7 +74,19 @@ class CoordinatorMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.store_latency = Histogram(
+            "netopt_coordinator_store_duration_seconds",
+            "Time of a call to the store (SQLite or PostgreSQL), by operation.",
+            ["operation"],
+            buckets=_BUCKETS_S,
+            registry=self.registry,
+        )
         self.registry.register(_NodeStates(node_counts))
+        self.registry.register(_Leader(is_leader))
+
+    def observe_store(self, operation: str, seconds: float) -> None:
+        """Record one store call (called from the event loop)."""
+        self.store_latency.labels(operation).observe(seconds)
 
     def render(self, extra: Sequence[Metric] = ()) -> bytes:
         """The registry in Prometheus text format, then the ``extra`` families (the link
