@@ -76,6 +76,7 @@ class AgentSettings:
 
     node: str
     region: str
+    # One URL, or several comma-separated (replicas): the client moves on when one fails.
     coordinator_url: str = f"http://127.0.0.1:{DEFAULT_COORDINATOR_PORT}"
     token: str | None = None
     token_file: str | None = None
@@ -90,8 +91,12 @@ class AgentSettings:
     def __post_init__(self) -> None:
         check_name("node", self.node, "node name")
         check_name("region", self.region, "region name")
-        if not self.coordinator_url.startswith(("http://", "https://")):
-            raise Invalid("coordinator_url", "is not an HTTP URL", "http://HOST:PORT")
+        urls = [u.strip() for u in self.coordinator_url.split(",")]
+        if not all(u.startswith(("http://", "https://")) for u in urls):
+            raise Invalid(
+                "coordinator_url", "is not an HTTP URL (or a comma-separated list of them)",
+                "http://HOST:PORT or http://HOST1:PORT,http://HOST2:PORT",
+            )  # fmt: skip
         _check_token(self.token, self.token_file)
 
 
