@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
+from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest
 from netopt.coordinator.matrix_query import MatrixReader
 from netopt.coordinator.store import Store
 from netopt.coordinator.storeapi import (
@@ -140,6 +141,24 @@ class StoreRunner:
         needs the database and it cannot be reached.
         """
         return True
+
+    async def route_chunks(
+        self,
+        catalogue: Catalogue,
+        req: RouteRequest,
+        regions: dict[str, str],
+        live: set[str],
+        now_s: float,
+    ) -> RouteAnswer:
+        """Route a region-sharing call. One replica: ``catalogue`` holds the state in
+        memory (pure, on the loop). Raises CatalogueError."""
+        return catalogue.route(req, regions, live, now_s)
+
+    async def describe_catalogue(
+        self, catalogue: Catalogue, live: set[str], now_s: float
+    ) -> list[dict[str, object]]:
+        """Every dataset version the catalogue knows (see :meth:`Catalogue.describe`)."""
+        return catalogue.describe(live, now_s)
 
     async def ping(self) -> None:
         """A round trip to the database on the reader thread; StorageError if unreachable."""
@@ -315,6 +334,7 @@ class PgDatabase(StoreRunner):
         self._url = url
         self._password = password
         self._pg_reader: PgStore | None = None
+        self._pg_writer: PgStore | None = None
 
     def _connect(self, *, migrate: bool) -> PgStore:
         try:  # psycopg is the `postgres` extra: only a PostgreSQL coordinator needs it
@@ -327,7 +347,39 @@ class PgDatabase(StoreRunner):
         return PgStore(self._url, password=self._password, migrate=migrate)
 
     def _open_store(self) -> CoordinatorStore:
-        return self._connect(migrate=True)
+        self._pg_writer = self._connect(migrate=True)
+        return self._pg_writer
+
+    @property
+    def _writer(self) -> PgStore:
+        if self._pg_writer is None:
+            raise StorageError("database is not open")
+        return self._pg_writer
+
+    async def route_chunks(
+        self,
+        catalogue: Catalogue,
+        req: RouteRequest,
+        regions: dict[str, str],
+        live: set[str],
+        now_s: float,
+    ) -> RouteAnswer:
+        """Route against the version's state in PostgreSQL (shared by the replicas);
+        ``catalogue`` gives only the TTLs. Raises CatalogueError, StorageError."""
+        fresh = Catalogue(catalogue.session_ttl_s, catalogue.retry_after_s)
+        return await self._run(self._writer.catalogue_route, fresh, req, regions, live, now_s)
+
+    async def describe_catalogue(
+        self, catalogue: Catalogue, live: set[str], now_s: float
+    ) -> list[dict[str, object]]:
+        """Every dataset version stored, read on the reader thread."""
+        fresh = Catalogue(catalogue.session_ttl_s, catalogue.retry_after_s)
+        reader = self._reader_store
+        return await self._timed(
+            "describe_catalogue",
+            self._reader_executor,
+            lambda: reader.catalogue_describe(fresh, live, now_s),
+        )
 
     def _open_reader(self) -> MatrixSource:
         self._pg_reader = self._connect(migrate=False)

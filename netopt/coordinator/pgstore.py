@@ -22,11 +22,12 @@ broken connection (the database restarted) is reopened by the next call.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 
+from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest, VersionState
 from netopt.coordinator.matrix import LinkRow, link_figures, region_figures
 from netopt.coordinator.store import INSERT_SUMMARY, NODE_COLUMNS, node_from_row, summary_row
 from netopt.coordinator.storeapi import (
@@ -300,6 +301,90 @@ class PgStore:
                 return int(cur.rowcount)
 
         return self._guard("retention sweep", delete)
+
+    def catalogue_route(
+        self,
+        catalogue: Catalogue,
+        req: RouteRequest,
+        regions: Mapping[str, str],
+        live: Collection[str],
+        now_s: float,
+    ) -> RouteAnswer:
+        """Route one call of region sharing against the version's stored state.
+
+        One transaction holds the version's row lock from reading its state to
+        writing it back, so replicas routing the same version take turns and never
+        lease one chunk twice. ``catalogue`` (empty, with the TTLs) does the routing.
+        Raises CatalogueError (nothing written) for a call that contradicts the version.
+        """
+        key = (req.dataset, req.manifest_id)
+
+        def route() -> RouteAnswer:
+            db = self._conn()
+            with db.transaction():
+                db.execute(
+                    "INSERT INTO catalogue_versions VALUES (%s, %s, %s, '')"
+                    " ON CONFLICT (dataset, manifest_id) DO NOTHING",
+                    (*key, req.chunk_count),
+                )
+                row = db.execute(
+                    "SELECT chunk_count, sessions_json FROM catalogue_versions"
+                    " WHERE dataset = %s AND manifest_id = %s FOR UPDATE",
+                    key,
+                ).fetchone()
+                assert row is not None
+                holders = {
+                    node: (int(chunks), bytes(bits))
+                    for node, chunks, bits in db.execute(
+                        "SELECT node, chunks, bits FROM catalogue_holdings"
+                        " WHERE dataset = %s AND manifest_id = %s",
+                        key,
+                    )
+                }
+                catalogue.load(*key, VersionState(int(row[0]), row[1], holders))
+                answer = catalogue.route(req, regions, live, now_s)
+                state = catalogue.export(*key, [req.node] if req.have else [])
+                db.execute(
+                    "UPDATE catalogue_versions SET sessions_json = %s"
+                    " WHERE dataset = %s AND manifest_id = %s",
+                    (state.sessions_json, *key),
+                )
+                for node, (chunks, bits) in state.holders.items():
+                    db.execute(
+                        "INSERT INTO catalogue_holdings VALUES (%s, %s, %s, %s, %s)"
+                        " ON CONFLICT (dataset, manifest_id, node)"
+                        " DO UPDATE SET chunks = excluded.chunks, bits = excluded.bits",
+                        (*key, node, chunks, bits),
+                    )
+                return answer
+
+        return self._guard("routing chunks", route)
+
+    def catalogue_describe(
+        self, catalogue: Catalogue, live: Collection[str], now_s: float
+    ) -> list[dict[str, object]]:
+        """Every stored version, as :meth:`Catalogue.describe` gives it."""
+
+        def read() -> list[dict[str, object]]:
+            db = self._conn()
+            with db.transaction():
+                versions = db.execute(
+                    "SELECT dataset, manifest_id, chunk_count, sessions_json"
+                    " FROM catalogue_versions"
+                ).fetchall()
+                holders: dict[tuple[str, str], dict[str, tuple[int, bytes]]] = {}
+                for dataset, manifest_id, node, chunks in db.execute(
+                    "SELECT dataset, manifest_id, node, chunks FROM catalogue_holdings"
+                ):
+                    holders.setdefault((dataset, manifest_id), {})[node] = (int(chunks), b"")
+            for dataset, manifest_id, chunk_count, sessions_json in versions:
+                state = VersionState(
+                    int(chunk_count), sessions_json, holders.get((dataset, manifest_id), {})
+                )
+                catalogue.load(dataset, manifest_id, state)
+            return catalogue.describe(live, now_s)
+
+        return self._guard("reading the catalogue", read)
 
 
 def _first_line(exc: BaseException) -> str:

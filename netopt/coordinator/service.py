@@ -149,7 +149,8 @@ class Coordinator:
             **self._agent_info(),
         }
 
-    async def _known(self, name: str) -> StoredNode:
+    async def known(self, name: str) -> StoredNode:
+        """The registry row of ``name``; NotFoundError when no replica registered it."""
         node = self.nodes.get(name)
         if node is None and self.db.shared:
             # Registered through another replica: the store knows it.
@@ -205,7 +206,7 @@ class Coordinator:
         rule) when the dataset's residency excludes the region. A dataset missing
         from the catalogue (or no catalogue) is allowed, and the answer says so.
         """
-        region = req.region if req.node is None else (await self._known(req.node)).region
+        region = req.region if req.node is None else (await self.known(req.node)).region
         spec = None if self.catalogue is None else self.catalogue.get(req.dataset)
         reason = residency_violation(spec, region)
         if reason is not None:
@@ -221,7 +222,7 @@ class Coordinator:
 
     async def heartbeat(self, name: str, beat: Heartbeat) -> dict[str, Any]:
         """Mark the node alive (a node that had left is back); persisted in batches."""
-        node = await self._known(name)
+        node = await self.known(name)
         now = self.clock()
         if node_state(node, now, self.settings.stale_after_s) != "live":
             self._generation += 1  # a stale or departed node rejoins the plan now
@@ -237,7 +238,7 @@ class Coordinator:
 
     async def leave(self, name: str) -> dict[str, Any]:
         """Deregister (graceful shutdown): the node drops out of the plan, stays listed."""
-        node = dataclasses.replace(await self._known(name), left_at_s=self.clock())
+        node = dataclasses.replace(await self.known(name), left_at_s=self.clock())
         await self.db.call(self.db.store.save_node, node)
         self.nodes[name] = node
         self._generation += 1
@@ -315,12 +316,12 @@ class Coordinator:
 
     async def node_plan(self, name: str) -> dict[str, Any]:
         """One agent's plan; a node that is not live gets an empty plan."""
-        await self._known(name)
+        await self.known(name)
         return self.plan().for_node(name).to_dict()
 
     async def ingest(self, name: str, batch: SummaryBatch) -> IngestResult:
         """Store a batch once; every summary must be measured by ``name`` (``src``)."""
-        await self._known(name)
+        await self.known(name)
         for index, summary in enumerate(batch.summaries):
             if summary.src != name:
                 raise RequestInvalid(

@@ -154,3 +154,45 @@ async def test_readiness_fails_while_the_database_is_down(
     assert (await client.get("/readyz")).status == 200  # the connection is reopened
     with psycopg.connect(url, password=PASSWORD) as db:
         assert db.execute("SELECT count(*) FROM nodes").fetchone() == (0,)
+
+
+MANIFEST = "ab" * 32
+
+
+async def _route(client: TestClient[Any, Any], body: dict[str, Any]) -> Any:
+    response = await client.post(
+        f"/api/v1/datasets/ds/versions/{MANIFEST}/route", json=body, headers=AUTH
+    )
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+async def test_region_sharing_state_is_shared_by_the_replicas(
+    aiohttp_client: MakeClient, tmp_path: Path, postgres_server: PgServer
+) -> None:
+    url = postgres_server.new_database()
+    password_file = tmp_path / "pw"
+    password_file.write_text(PASSWORD)
+    a = await _replica(aiohttp_client, tmp_path, url, password_file)
+    b = await _replica(aiohttp_client, tmp_path, url, password_file)
+    for node in ("hk-1", "hk-2"):
+        body = {**registration(node, "hk"), "data_port": 7480}
+        assert (await a.post("/api/v1/agents/register", json=body, headers=AUTH)).status == 200
+    await b.app[COORDINATOR].refresh_registry()
+
+    first = await _route(a, {"node": "hk-1", "chunk_count": 4, "want": [0, 1]})
+    assert first["origin"] == [0, 1]  # hk-1 holds the leases, taken through replica a
+    second = await _route(b, {"node": "hk-2", "chunk_count": 4, "want": [0, 1, 2]})
+    assert (second["wait"], second["origin"]) == ([0, 1], [2])  # b sees a's leases
+    await _route(b, {"node": "hk-1", "chunk_count": 4, "have": [0]})  # hk-1 goes on via b
+    third = await _route(a, {"node": "hk-2", "chunk_count": 4, "want": [0, 1]})
+    assert (third["peers"], third["wait"]) == ({"hk-1": [0]}, [1])
+    assert third["endpoints"] == {"hk-1": "127.0.0.1:7480"}
+
+    listed = await (await b.get("/api/v1/datasets", headers=AUTH)).json()
+    (version,) = listed["versions"]
+    assert version["holders"] == [{"node": "hk-1", "chunks": 1, "live": True}]
+    assert version["leases"] == 2
+    body = {"node": "hk-1", "chunk_count": 5, "want": [0]}
+    wrong = await b.post(f"/api/v1/datasets/ds/versions/{MANIFEST}/route", json=body, headers=AUTH)
+    assert wrong.status == 400
