@@ -54,6 +54,11 @@ _LINK_COLUMNS = (
     " loss_ratio, probes_sent, probes_received, single_stream_bps, aggregate_bps"
     " FROM summaries WHERE taken_at_s >= %s ORDER BY id"
 )
+_INSERT_BATCHES = (
+    "INSERT INTO batches (node, batch_id, received_at_s, summary_count)"
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::int[])"
+    " ON CONFLICT (node, batch_id) DO NOTHING RETURNING node, batch_id"
+)
 _COPY_SUMMARIES = (
     "COPY summaries (node, batch_id, src, dst, taken_at_s, method, rtt_p50_ms, rtt_p99_ms,"
     " rtt_min_ms, jitter_ms, loss_ratio, probes_sent, probes_received, single_stream_bps,"
@@ -217,31 +222,37 @@ class PgStore:
         """
 
         def write() -> list[IngestResult]:
+            kept = [[x for x in b.summaries if x.taken_at_s >= b.oldest_kept_s] for b in batches]
+            first: dict[tuple[str, str], int] = {}
+            for index, batch in enumerate(batches):
+                first.setdefault((batch.node, batch.batch_id), index)
+            offered = sorted(first.values())
             db = self._conn()
-            results: list[IngestResult] = []
             with db.transaction(), db.cursor() as cur:
-                rows: list[tuple[Any, ...]] = []
-                for batch in batches:
-                    kept = [s for s in batch.summaries if s.taken_at_s >= batch.oldest_kept_s]
-                    cur.execute(
-                        "INSERT INTO batches VALUES (%s, %s, %s, %s)"
-                        " ON CONFLICT (node, batch_id) DO NOTHING",
-                        (batch.node, batch.batch_id, batch.received_at_s, len(kept)),
-                    )
-                    if cur.rowcount == 0:
-                        results.append(IngestResult(batch.batch_id, True, 0, 0))
-                        continue
-                    rows.extend(summary_row(batch.node, batch.batch_id, s) for s in kept)
-                    results.append(
-                        IngestResult(
-                            batch.batch_id, False, len(kept), len(batch.summaries) - len(kept)
-                        )
-                    )
-                if rows:
+                # One round trip for the whole group: the keys no replica stored yet.
+                cur.execute(
+                    _INSERT_BATCHES,
+                    (
+                        [batches[i].node for i in offered],
+                        [batches[i].batch_id for i in offered],
+                        [batches[i].received_at_s for i in offered],
+                        [len(kept[i]) for i in offered],
+                    ),
+                )
+                new = {(node, batch_id) for node, batch_id in cur.fetchall()}
+                stored = {first[key] for key in new}
+                if any(kept[i] for i in stored):
                     with cur.copy(_COPY_SUMMARIES) as copy:
-                        for row in rows:
-                            copy.write_row(row)
-            return results
+                        for i in sorted(stored):
+                            node, batch_id = batches[i].node, batches[i].batch_id
+                            for summary in kept[i]:
+                                copy.write_row(summary_row(node, batch_id, summary))
+            return [
+                IngestResult(b.batch_id, False, len(kept[i]), len(b.summaries) - len(kept[i]))
+                if i in stored
+                else IngestResult(b.batch_id, True, 0, 0)
+                for i, b in enumerate(batches)
+            ]
 
         return self._guard(f"storing {len(batches)} batch(es)", write)
 
