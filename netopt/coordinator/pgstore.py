@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest, VersionState
-from netopt.coordinator.matrix import LinkRow, link_figures, region_figures
+from netopt.coordinator.matrix import LinkRow
+from netopt.coordinator.matrix_query import POSTGRES_SQL, pair_entries, region_pair_entries
 from netopt.coordinator.store import INSERT_SUMMARY, NODE_COLUMNS, node_from_row, summary_row
 from netopt.coordinator.storeapi import (
     SCHEMA_VERSION,
@@ -267,10 +268,31 @@ class PgStore:
     def links(
         self, since_s: float, regions: Mapping[str, str], *, with_regions: bool = False
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Pair entries and, if asked, region-pair entries (as ``MatrixReader.links``)."""
-        rows = self.link_rows(since_s)
-        links = link_figures(rows, regions)
-        return links, region_figures(links, rows, regions) if with_regions else []
+        """Pair entries and, if asked, region-pair entries (as ``MatrixReader.links``):
+        computed in PostgreSQL by the same queries, in one snapshot."""
+
+        def query() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            db = self._conn()
+            with db.transaction():
+                db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+                def rows(sql: str) -> list[tuple[Any, ...]]:
+                    return db.execute(sql, {"since": since_s}).fetchall()
+
+                links = pair_entries(POSTGRES_SQL, rows, regions)
+                if not with_regions:
+                    return links, []
+                db.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS node_region (node TEXT PRIMARY KEY,"
+                    " region TEXT) ON COMMIT DELETE ROWS"
+                )
+                db.execute(
+                    "INSERT INTO pg_temp.node_region SELECT key, value FROM json_each_text(%s)",
+                    (json.dumps(dict(regions)),),
+                )
+                return links, region_pair_entries(POSTGRES_SQL, rows, links)
+
+        return self._guard("link matrix query", query)
 
     def history(self, src: str, dst: str, since_s: float, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` summaries of src->dst since ``since_s``, oldest first."""

@@ -1,6 +1,7 @@
 """Two real coordinator processes on one PostgreSQL; one is killed with SIGKILL while
 agents (the agent's own reporter and spool, with both addresses) keep reporting:
-ingest goes on through the other, and every summary is stored exactly once."""
+ingest goes on through the other, every summary is stored exactly once, and the
+survivor is the elected leader afterwards."""
 
 from __future__ import annotations
 
@@ -145,4 +146,13 @@ async def test_kill_9_of_one_replica_loses_and_duplicates_nothing(
     assert batches is not None
     assert distinct == (batches[0],)
     assert int(batches[1]) == produced
+    # The once-only work moved too: the survivor holds the leader lock (it asks every 2 s).
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + 15
+        while True:
+            async with session.get(b.url + "/readyz") as response:
+                if (await response.json())["leader"]:
+                    break
+            assert time.monotonic() < deadline, "the surviving replica never became the leader"
+            await asyncio.sleep(0.2)
     print(f"moved-over ack {min(acks_after_kill):.2f} s after the kill; {produced} stored once")

@@ -4,6 +4,7 @@ store latency and the leader on /metrics, readiness following the database."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -125,8 +126,12 @@ async def test_two_replicas_share_registry_ingest_and_one_leader(
     assert ready.status == 200
     assert (await ready.json())["leader"] is False
 
-    await leader.close()  # the leader's connections end: its lock is free
-    assert await follower.app[COORDINATOR].elect() is True
+    await leader.close()  # the leader's connections end: its lock is free once the server
+    # has seen the disconnect (asynchronous), as the election loop retries every flush
+    deadline = asyncio.get_running_loop().time() + 10
+    while not await follower.app[COORDINATOR].elect():
+        assert asyncio.get_running_loop().time() < deadline, "the lock never moved"
+        await asyncio.sleep(0.05)
     metrics = await (await follower.get("/metrics", headers=AUTH)).text()
     assert "netopt_coordinator_leader 1.0" in metrics
 
