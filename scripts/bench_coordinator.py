@@ -33,12 +33,13 @@ the same phase, as the daemon did before). See ``bench_restart_storm.py``.
 a PostgreSQL store (the password from ``PGPASSWORD``; the database should be
 empty) instead of a SQLite file, and reports PostgreSQL's CPU too (every process
 named ``postgres`` on this machine, % of one core; only meaningful for a server
-on loopback).
+on loopback). ``--replicas 2`` starts two coordinators on it, agent i talking to
+replica i mod 2; the CPU and RSS reported are the replicas' sum.
 
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
         [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
         [--scenario steady|restart-storm] [--spool-batches 6] [--lockstep]
-        [--database postgresql://USER@HOST:PORT/DB]
+        [--database postgresql://USER@HOST:PORT/DB [--replicas 2]]
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ async def _agent(
         next_s += args.interval_s
 
 
-async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    url = urls[0]
     out: dict[str, Any] = {"latency_ms": [], "stored": 0, "errors": 0}
     timeout = aiohttp.ClientTimeout(total=60)
     # One session (so one keep-alive connection) per agent, as real agents have, each from
@@ -275,14 +277,16 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         start_s = time.time() + 0.5
         stop_s = start_s + args.duration_s
         tasks = [
-            asyncio.create_task(_agent(i, sessions[i], url, args, start_s, stop_s, out))
+            asyncio.create_task(
+                _agent(i, sessions[i], urls[i % len(urls)], args, start_s, stop_s, out)
+            )
             for i in range(args.agents)
         ]
-        cpu0, wall0 = _cpu_s(pid), time.monotonic()
+        cpu0, wall0 = sum(map(_cpu_s, pids)), time.monotonic()
         client0, pressure0 = time.process_time(), _cpu_pressure_us()
         pg0 = _postgres_cpu_s() if args.database else 0.0
         await asyncio.gather(*tasks)
-        cpu1, wall1 = _cpu_s(pid), time.monotonic()
+        cpu1, wall1 = sum(map(_cpu_s, pids)), time.monotonic()
         client1, pressure1 = time.process_time(), _cpu_pressure_us()
         pg1 = _postgres_cpu_s() if args.database else 0.0
         watcher.cancel()
@@ -303,7 +307,7 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         else (pressure1 - pressure0) / 1e6 / (wall1 - wall0) * 100
     )
     out["measured_s"] = wall1 - wall0
-    out["rss_mb"] = _rss_mb(pid)
+    out["rss_mb"] = sum(map(_rss_mb, pids))
     warmup_s = 60.0
     async with aiohttp.ClientSession(headers=AUTH) as session:
         window = int(args.duration_s + warmup_s + 60)
@@ -344,7 +348,7 @@ def _server_side(metrics: str) -> dict[str, float | None]:
 def _start_coordinator(tmp: str, port: int, database: str, pin: bool) -> subprocess.Popen[bytes]:
     """A coordinator on ``database``: a file name in ``tmp``, or a postgresql:// URL."""
     where = database if "://" in database else f"{tmp}/{database}"
-    config = Path(tmp, "coordinator.yaml" if "://" in database else f"{database}.yaml")
+    config = Path(tmp, f"coordinator-{port}.yaml" if "://" in database else f"{database}.yaml")
     config.write_text(
         f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
         f"database: {where}\nstale_after_s: 60\n"
@@ -404,7 +408,11 @@ def main() -> int:
     parser.add_argument("--lockstep", action="store_true",
                         help="restart-storm: all agents at one phase (the old daemon)")  # fmt: skip
     parser.add_argument("--database", help="steady: a postgresql:// URL instead of SQLite")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="steady, with --database: coordinators sharing it")  # fmt: skip
     args = parser.parse_args()
+    if not 1 <= args.replicas <= 4 or (args.replicas > 1 and not args.database):
+        parser.error("--replicas must be 1..4, and more than 1 needs --database")
     if args.database and not args.database.startswith(("postgresql://", "postgres://")):
         parser.error("--database must be a postgresql:// URL (the default is a SQLite file)")
     if not (1 <= args.agents <= 5000 and 1 <= args.duration_s <= 300):
@@ -415,15 +423,20 @@ def main() -> int:
     if args.scenario == "restart-storm":
         return _restart_storm(args, pin)
     with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as tmp:
-        port = _free_port()
-        proc = _start_coordinator(tmp, port, args.database or "coordinator.db", pin)
+        procs: list[subprocess.Popen[bytes]] = []
+        urls: list[str] = []
         try:
-            url = f"http://127.0.0.1:{port}"
-            asyncio.run(_wait_ready(url, proc))
-            result = asyncio.run(_load(url, proc.pid, args))
+            for _ in range(args.replicas):  # replicas share the one core the bench pins to
+                port = _free_port()
+                procs.append(_start_coordinator(tmp, port, args.database or "coordinator.db", pin))
+                urls.append(f"http://127.0.0.1:{port}")
+                asyncio.run(_wait_ready(urls[-1], procs[-1]))
+            result = asyncio.run(_load(urls, [p.pid for p in procs], args))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=30)
     lat = sorted(result.pop("latency_ms"))
     report = {
         "agents": args.agents,
@@ -432,6 +445,7 @@ def main() -> int:
         "summaries_per_batch": args.summaries_per_batch,
         "coordinator_pinned_to_one_core": pin,
         "store": "postgresql" if args.database else "sqlite",
+        "replicas": args.replicas,
         "batches": len(lat),
         "batches_per_s": len(lat) / args.duration_s,
         "latency_ms": {q: percentile(lat, p) for q, p in (("p50", 50), ("p90", 90), ("p99", 99))}
