@@ -14,7 +14,7 @@ RUN apt-get update -qq \
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY netopt ./netopt
-RUN python -m pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN python -m pip wheel --no-cache-dir --wheel-dir /wheels ".[postgres]"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="netopt" \
@@ -27,7 +27,7 @@ RUN apt-get update -qq \
       --shell /usr/sbin/nologin netopt \
  && install -d -o netopt -g netopt -m 0750 /var/cache/netopt /etc/netopt
 COPY --from=build /wheels /tmp/wheels
-RUN python -m pip install --no-cache-dir --no-index --find-links /tmp/wheels netopt \
+RUN python -m pip install --no-cache-dir --no-index --find-links /tmp/wheels "netopt[postgres]" \
  && rm -rf /tmp/wheels
 USER 10001:10001
 ENV XDG_CACHE_HOME=/var/cache \

@@ -29,9 +29,17 @@ the random heartbeat phase the daemon gives it, is answered 404, registers
 again and replays ``--spool-batches`` spooled batches (``--lockstep``: all at
 the same phase, as the daemon did before). See ``bench_restart_storm.py``.
 
+``--database postgresql://USER@HOST:PORT/DB`` (issue 23) runs the steady load on
+a PostgreSQL store (the password from ``PGPASSWORD``; the database should be
+empty) instead of a SQLite file, and reports PostgreSQL's CPU too (every process
+named ``postgres`` on this machine, % of one core; only meaningful for a server
+on loopback). ``--replicas 2`` starts two coordinators on it, agent i talking to
+replica i mod 2; the CPU and RSS reported are the replicas' sum.
+
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
         [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
         [--scenario steady|restart-storm] [--spool-batches 6] [--lockstep] [--tls]
+        [--database postgresql://USER@HOST:PORT/DB [--replicas 2]]
 """
 
 from __future__ import annotations
@@ -78,6 +86,20 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _postgres_cpu_s() -> float:
+    """CPU seconds of every process named ``postgres`` (a loopback server's backends)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        if text.split(" (", 1)[1].startswith("postgres)"):
+            fields = text.rsplit(") ", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -116,6 +138,12 @@ class _ClientStalls:
             self.loop_lag_max_ms = max(self.loop_lag_max_ms, lag_ms)
 
 
+def _agent_address(i: int) -> str:
+    """Agent ``i``'s loopback source address (127.1.0.1, 127.1.0.2, ...; all of 127/8 is
+    loopback on Linux)."""
+    return f"127.1.{i // 250}.{i % 250 + 1}"
+
+
 def _node(i: int) -> tuple[str, str]:
     region = REGIONS[i % len(REGIONS)]
     return f"{region}-{i:04d}", region
@@ -144,8 +172,10 @@ _CLIENT_SSL: ssl.SSLContext | bool = False
 """--tls: the clients' context (the bench's own CA); plain HTTP otherwise."""
 
 
-def _session(limit: int = 100, **kwargs: Any) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=limit, ssl=_CLIENT_SSL)
+def _session(
+    limit: int = 100, local_addr: tuple[str, int] | None = None, **kwargs: Any
+) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=limit, ssl=_CLIENT_SSL, local_addr=local_addr)
     return aiohttp.ClientSession(connector=connector, **kwargs)
 
 
@@ -241,11 +271,17 @@ async def _agent(
         next_s += args.interval_s
 
 
-async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    url = urls[0]
     out: dict[str, Any] = {"latency_ms": [], "stored": 0, "errors": 0}
     timeout = aiohttp.ClientTimeout(total=60)
-    # One session (so one keep-alive connection) per agent, as real agents have.
-    sessions = [_session(limit=1, timeout=timeout, headers=AUTH) for _ in range(args.agents)]
+    # One session (so one keep-alive connection) per agent, as real agents have, each from
+    # its own loopback address: real agents are many hosts, and the coordinator's listener
+    # holds at most 128 connections per address (webshell.ListenerLimits).
+    sessions = [
+        _session(limit=1, local_addr=(_agent_address(i), 0), timeout=timeout, headers=AUTH)
+        for i in range(args.agents)
+    ]
     try:
         registering = time.monotonic()
         await _register_all(url, sessions)
@@ -264,14 +300,18 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         start_s = time.time() + 0.5
         stop_s = start_s + args.duration_s
         tasks = [
-            asyncio.create_task(_agent(i, sessions[i], url, args, start_s, stop_s, out))
+            asyncio.create_task(
+                _agent(i, sessions[i], urls[i % len(urls)], args, start_s, stop_s, out)
+            )
             for i in range(args.agents)
         ]
-        cpu0, wall0 = _cpu_s(pid), time.monotonic()
+        cpu0, wall0 = sum(map(_cpu_s, pids)), time.monotonic()
         client0, pressure0 = time.process_time(), _cpu_pressure_us()
+        pg0 = _postgres_cpu_s() if args.database else 0.0
         await asyncio.gather(*tasks)
-        cpu1, wall1 = _cpu_s(pid), time.monotonic()
+        cpu1, wall1 = sum(map(_cpu_s, pids)), time.monotonic()
         client1, pressure1 = time.process_time(), _cpu_pressure_us()
+        pg1 = _postgres_cpu_s() if args.database else 0.0
         watcher.cancel()
         gc.callbacks.remove(stalls.on_gc)
         out["client_loop_lag_max_ms"] = stalls.loop_lag_max_ms
@@ -280,6 +320,9 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         gc.enable()
         await asyncio.gather(*(s.close() for s in sessions))
     out["cpu_pct_of_one_core"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
+    out["postgres_cpu_pct_of_one_core"] = (
+        100 * (pg1 - pg0) / (wall1 - wall0) if args.database else None
+    )
     out["client_cpu_pct_of_one_core"] = 100 * (client1 - client0) / (wall1 - wall0)
     out["machine_cpu_pressure_pct"] = (
         None
@@ -287,7 +330,7 @@ async def _load(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
         else (pressure1 - pressure0) / 1e6 / (wall1 - wall0) * 100
     )
     out["measured_s"] = wall1 - wall0
-    out["rss_mb"] = _rss_mb(pid)
+    out["rss_mb"] = sum(map(_rss_mb, pids))
     warmup_s = 60.0
     async with _session(headers=AUTH) as session:
         window = int(args.duration_s + warmup_s + 60)
@@ -328,14 +371,16 @@ def _server_side(metrics: str) -> dict[str, float | None]:
 def _start_coordinator(
     tmp: str, port: int, database: str, pin: bool, tls_yaml: str = ""
 ) -> subprocess.Popen[bytes]:
-    config = Path(tmp, f"{database}.yaml")
+    """A coordinator on ``database``: a file name in ``tmp``, or a postgresql:// URL."""
+    where = database if "://" in database else f"{tmp}/{database}"
+    config = Path(tmp, f"coordinator-{port}.yaml" if "://" in database else f"{database}.yaml")
     config.write_text(
         f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
-        f"database: {tmp}/{database}\nstale_after_s: 60\n{tls_yaml}"
+        f"database: {where}\nstale_after_s: 60\n{tls_yaml}"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
-        stderr=subprocess.DEVNULL,
+        stderr=None if os.environ.get("BENCH_COORDINATOR_LOG") else subprocess.DEVNULL,
     )
     if pin:
         os.sched_setaffinity(proc.pid, {_CPUS[0]})
@@ -392,7 +437,14 @@ def main() -> int:
                         help="restart-storm: batches each agent replays")  # fmt: skip
     parser.add_argument("--lockstep", action="store_true",
                         help="restart-storm: all agents at one phase (the old daemon)")  # fmt: skip
+    parser.add_argument("--database", help="steady: a postgresql:// URL instead of SQLite")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="steady, with --database: coordinators sharing it")  # fmt: skip
     args = parser.parse_args()
+    if not 1 <= args.replicas <= 4 or (args.replicas > 1 and not args.database):
+        parser.error("--replicas must be 1..4, and more than 1 needs --database")
+    if args.database and not args.database.startswith(("postgresql://", "postgres://")):
+        parser.error("--database must be a postgresql:// URL (the default is a SQLite file)")
     if not (1 <= args.agents <= 5000 and 1 <= args.duration_s <= 300):
         parser.error("--agents must be 1..5000 and --duration-s 1..300")
     if not 0 <= args.spool_batches <= 100:
@@ -403,16 +455,23 @@ def main() -> int:
     if args.scenario == "restart-storm":
         return _restart_storm(args, pin)
     with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as tmp:
-        port = _free_port()
+        procs: list[subprocess.Popen[bytes]] = []
+        urls: list[str] = []
         tls_yaml = _tls_files(tmp) if args.tls else ""
-        proc = _start_coordinator(tmp, port, "coordinator.db", pin, tls_yaml)
+        scheme = "https" if args.tls else "http"
         try:
-            url = f"{'https' if args.tls else 'http'}://127.0.0.1:{port}"
-            asyncio.run(_wait_ready(url, proc))
-            result = asyncio.run(_load(url, proc.pid, args))
+            for _ in range(args.replicas):  # replicas share the one core the bench pins to
+                port = _free_port()
+                database = args.database or "coordinator.db"
+                procs.append(_start_coordinator(tmp, port, database, pin, tls_yaml))
+                urls.append(f"{scheme}://127.0.0.1:{port}")
+                asyncio.run(_wait_ready(urls[-1], procs[-1]))
+            result = asyncio.run(_load(urls, [p.pid for p in procs], args))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=30)
     lat = sorted(result.pop("latency_ms"))
     report = {
         "agents": args.agents,
@@ -421,6 +480,8 @@ def main() -> int:
         "duration_s": args.duration_s,
         "summaries_per_batch": args.summaries_per_batch,
         "coordinator_pinned_to_one_core": pin,
+        "store": "postgresql" if args.database else "sqlite",
+        "replicas": args.replicas,
         "batches": len(lat),
         "batches_per_s": len(lat) / args.duration_s,
         "latency_ms": {q: percentile(lat, p) for q, p in (("p50", 50), ("p90", 90), ("p99", 99))}
@@ -435,13 +496,14 @@ def main() -> int:
         "coordinator ingest",
         ["agents", "batch/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "server mean ms",
          "server p99 <= ms", "errors", "CPU %", "client CPU %", "client lag max ms",
-         "client GC max ms", "CPU pressure %", "RSS MB",
+         "client GC max ms", "CPU pressure %", "postgres CPU %", "RSS MB",
          "links ms", "stored ok", "goal"],
         [[args.agents, report["batches_per_s"], lm["p50"], lm["p90"], lm["p99"], lm["max"],
           result["server"]["handler_mean_ms"], result["server"]["handler_p99_le_ms"],
           result["errors"], result["cpu_pct_of_one_core"], result["client_cpu_pct_of_one_core"],
           result["client_loop_lag_max_ms"], result["client_gc_max_ms"],
-          result["machine_cpu_pressure_pct"], result["rss_mb"], result["links_query_ms"],
+          result["machine_cpu_pressure_pct"], result["postgres_cpu_pct_of_one_core"],
+          result["rss_mb"], result["links_query_ms"],
           report["all_stored"], report["goal_met"]]],
     )  # fmt: skip
     if args.out:

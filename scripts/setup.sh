@@ -15,6 +15,8 @@ if [ $dev = 1 ]; then
   # tests/service/test_deploy.py: lint and render deploy/ (systemd-analyze, logrotate, kubectl
   # kustomize) and build the image where a registry can be reached (podman).
   APT_PACKAGES+=(systemd logrotate podman prometheus)  # prometheus: promtool
+  # tests/pgserver.py: a throwaway PostgreSQL (initdb/pg_ctl) for the coordinator's store tests.
+  APT_PACKAGES+=(postgresql)
   command -v kubectl >/dev/null || APT_PACKAGES+=(kubernetes-client)
 fi
 missing=()
@@ -40,6 +42,6 @@ PYTHON=${PYTHON:-python3}
 if [ $dev = 1 ]; then
   .venv/bin/python -m pip install -q -e ".[torch,s3,bench,demo,dev]"
 else
-  .venv/bin/python -m pip install -q -e ".[torch,s3,bench,demo]"
+  .venv/bin/python -m pip install -q -e ".[torch,s3,bench,demo,postgres]"
 fi
 echo "setup: done ($(.venv/bin/netopt --version))"

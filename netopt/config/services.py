@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -75,6 +76,7 @@ class AgentSettings:
 
     node: str
     region: str
+    # One URL, or several comma-separated (replicas): the client moves on when one fails.
     coordinator_url: str = f"http://127.0.0.1:{DEFAULT_COORDINATOR_PORT}"
     token: str | None = None
     token_file: str | None = None
@@ -92,8 +94,12 @@ class AgentSettings:
     def __post_init__(self) -> None:
         check_name("node", self.node, "node name")
         check_name("region", self.region, "region name")
-        if not self.coordinator_url.startswith(("http://", "https://")):
-            raise Invalid("coordinator_url", "is not an HTTP URL", "http://HOST:PORT")
+        urls = [u.strip() for u in self.coordinator_url.split(",")]
+        if not all(u.startswith(("http://", "https://")) for u in urls):
+            raise Invalid(
+                "coordinator_url", "is not an HTTP URL (or a comma-separated list of them)",
+                "http://HOST:PORT or http://HOST1:PORT,http://HOST2:PORT",
+            )  # fmt: skip
         _check_token(self.token, self.token_file)
 
 
@@ -117,7 +123,10 @@ class CoordinatorSettings:
     )
     token: str | None = None
     token_file: str | None = None
+    # A SQLite file path, or postgresql://USER@HOST:PORT/DB (several replicas may share it).
     database: str = "/var/lib/netopt/coordinator.db"
+    # PostgreSQL's password (else libpq's PGPASSWORD): never in the URL.
+    database_password_file: str | None = None
     retention_s: float = bounded(7 * 86400.0, gt=0)
     stale_after_s: float = bounded(30.0, gt=0)
     max_request_bytes: Annotated[int, BYTES] = 1024**2
@@ -130,3 +139,29 @@ class CoordinatorSettings:
 
     def __post_init__(self) -> None:
         _check_token(self.token, self.token_file)
+        _check_database(self.database, self.database_password_file)
+
+
+def _check_database(database: str, password_file: str | None) -> None:
+    scheme = database.partition("://")[0].lower() if "://" in database else None
+    if scheme is None:
+        if password_file is not None:
+            raise Invalid(
+                "database_password_file", "is set but database is a SQLite path",
+                "a postgresql:// database URL, or no database_password_file",
+            )  # fmt: skip
+        return
+    expected = "postgresql://USER@HOST:PORT/DB or a SQLite file path"
+    if scheme not in ("postgresql", "postgres"):
+        raise Invalid("database", f"has the unknown scheme {scheme!r}", expected)
+    try:
+        parts = urllib.parse.urlsplit(database)
+        has_password = parts.password is not None
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise Invalid("database", f"is not a valid URL ({exc})", expected) from None
+    if has_password:
+        raise Invalid(
+            "database", "holds a password (configs are read by many and logged)",
+            "the URL without it; the password in database_password_file or PGPASSWORD",
+        )  # fmt: skip

@@ -25,12 +25,12 @@ from netopt.coordinator import dashboard, linkmetrics
 from netopt.coordinator.auth import token_middleware
 from netopt.coordinator.catalogue import Catalogue
 from netopt.coordinator.catalogue_api import CATALOGUE, CATALOGUE_ROUTES, ChunkCatalogue
-from netopt.coordinator.database import Database
+from netopt.coordinator.database import StoreRunner, open_database
 from netopt.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
 from netopt.coordinator.openapi import openapi_document, query_names
 from netopt.coordinator.service import Coordinator, PlacementRequest
-from netopt.errors import StorageError
-from netopt.webshell import service_shell
+from netopt.errors import ConfigError, StorageError
+from netopt.webshell import error_response, service_shell
 from netopt.wire.fields import RequestInvalid, parse_json_body
 from netopt.wire.schema import (
     Heartbeat,
@@ -48,6 +48,8 @@ METRICS = web.AppKey("metrics", CoordinatorMetrics)
 DEFAULT_WINDOW_S = 300.0
 MAX_HISTORY = 5000
 HEARTBEAT_FLUSH_S = 2.0
+READY_TIMEOUT_S = 2.0
+PASSWORD_FILE_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ async def leave(request: web.Request) -> web.Response:
 
 
 async def agent_plan(request: web.Request) -> web.Response:
-    return _json(request.app[COORDINATOR].node_plan(_node(request)))
+    return _json(await request.app[COORDINATOR].node_plan(_node(request)))
 
 
 async def summaries(request: web.Request) -> web.Response:
@@ -176,7 +178,7 @@ async def fleet_plan(request: web.Request) -> web.Response:
 
 async def placements(request: web.Request) -> web.Response:
     req = PlacementRequest.from_dict(await _body(request))
-    return _json(request.app[COORDINATOR].placement(req))
+    return _json(await request.app[COORDINATOR].placement(req))
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -185,6 +187,17 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     return _json({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 while the database answers within READY_TIMEOUT_S, else 503 (take traffic elsewhere)."""
+    coordinator = request.app[COORDINATOR]
+    try:
+        await asyncio.wait_for(coordinator.db.ping(), READY_TIMEOUT_S)
+    except (StorageError, TimeoutError) as exc:
+        reason = str(exc) or f"no answer within {READY_TIMEOUT_S:g} s"
+        return error_response(503, "NotReady", f"database {coordinator.db.description}: {reason}")
+    return _json({"ok": True, "leader": coordinator.leader})
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -232,6 +245,7 @@ ROUTES: tuple[tuple[str, str, RouteHandler], ...] = (
     *CATALOGUE_ROUTES,
     ("GET", "/openapi.json", openapi),
     ("GET", "/healthz", healthz),
+    ("GET", "/readyz", readyz),
     ("GET", "/metrics", metrics_endpoint),
     ("GET", "/", dashboard.page),
     ("GET", "/dashboard.js", dashboard.script),
@@ -248,22 +262,34 @@ async def _every(period_s: float, name: str, step: Callable[[], Awaitable[object
             log.exception("%s failed; retrying in %.0f s", name, period_s)
 
 
+async def _flush_and_follow(coordinator: Coordinator) -> None:
+    """Heartbeats out, the other replicas' registry changes in, the election renewed."""
+    await coordinator.flush_heartbeats()
+    await coordinator.refresh_registry()
+    if coordinator.db.shared:
+        await coordinator.elect()
+
+
 def _lifecycle(
-    db: Database, deps: CoordinatorDeps
+    db: StoreRunner, deps: CoordinatorDeps
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         coordinator = app[COORDINATOR]
         await db.open()
+        log.warning("coordinator database: %s", db.description)
         await coordinator.load()
+        await coordinator.elect()
         await coordinator.sweep()
         await coordinator.refresh_plan()
+
+        async def follow() -> None:
+            await _flush_and_follow(coordinator)
+
         tasks = [
             asyncio.create_task(
                 _every(deps.sweep_interval_s, "retention sweep", coordinator.sweep)
             ),
-            asyncio.create_task(
-                _every(deps.heartbeat_flush_s, "heartbeat flush", coordinator.flush_heartbeats)
-            ),
+            asyncio.create_task(_every(deps.heartbeat_flush_s, "heartbeat flush", follow)),
             asyncio.create_task(_every(deps.checkpoint_s, "WAL checkpoint", db.checkpoint)),
         ]
         yield
@@ -280,6 +306,26 @@ def _lifecycle(
     return lifecycle
 
 
+def _database_password(path: str | None) -> str | None:
+    """The first line of ``database_password_file``; ConfigError naming the key if unreadable."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(PASSWORD_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot be read: {exc.strerror}", key_path="database_password_file", file=path
+        ) from None
+    password = raw.decode("utf-8", "replace").splitlines()[0] if raw.strip() else ""
+    if not password or len(raw) > PASSWORD_FILE_MAX_BYTES:
+        raise ConfigError(
+            "is empty or too long", key_path="database_password_file", file=path,
+            expected=f"the password on its first line (at most {PASSWORD_FILE_MAX_BYTES} bytes)",
+        )  # fmt: skip
+    return password
+
+
 def create_app(
     settings: CoordinatorSettings, deps: CoordinatorDeps | None = None
 ) -> web.Application:
@@ -290,9 +336,14 @@ def create_app(
     deps = deps or CoordinatorDeps()
     token = resolve_token(settings.token, settings.token_file)
     durable = deps.durable_commits or settings.durability == "full"
-    db = Database(settings.database, durable_commits=durable)
+    db = open_database(
+        settings.database,
+        durable_commits=durable,
+        password=_database_password(settings.database_password_file),
+    )
     coordinator = Coordinator(settings, db, deps.clock)
-    metrics = CoordinatorMetrics(coordinator.state_counts)
+    metrics = CoordinatorMetrics(coordinator.state_counts, lambda: coordinator.leader)
+    db.observe = metrics.observe_store
     app = web.Application(
         client_max_size=settings.max_request_bytes,
         middlewares=[

@@ -9,8 +9,11 @@ from netopt.webshell import check_bearer
 
 __all__ = ["PUBLIC_PATHS", "token_middleware"]
 
-PUBLIC_PATHS = frozenset({"/", "/dashboard.js", "/dashboard.css", "/openapi.json", "/healthz"})
-"""Paths served without a token: the static dashboard shell, the API description, liveness."""
+PUBLIC_PATHS = frozenset(
+    {"/", "/dashboard.js", "/dashboard.css", "/openapi.json", "/healthz", "/readyz"}
+)
+"""Paths served without a token: the static dashboard shell, the API description, liveness and
+readiness (probed by orchestrators without the secret)."""
 
 
 def token_middleware(token: str) -> Middleware:

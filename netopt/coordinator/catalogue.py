@@ -25,12 +25,19 @@ call (its node was killed): then its leases are free again and the next asker
 fetches those chunks itself. Holdings count only while their node is live in the
 registry, and an asker can exclude peers it failed to reach.
 
-State is not persisted: after a coordinator restart syncs fetch from their
-SOURCE until nodes report holdings again (more border bytes, never wrong data).
+Where the state lives: with a SQLite store (one coordinator) in this object's
+memory, so after a restart syncs fetch from their SOURCE until nodes report
+holdings again (more border bytes, never wrong data); with PostgreSQL (several
+replicas) in the database: each call loads its version (:meth:`Catalogue.load`,
+a :class:`VersionState`), is routed here, and is written back
+(:meth:`Catalogue.export`) in one transaction holding the version's row lock
+(:meth:`netopt.coordinator.pgstore.PgStore.catalogue_route`), so a sync that
+started its sharing through one replica finishes through another.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +48,7 @@ __all__ = [
     "CatalogueError",
     "RouteAnswer",
     "RouteRequest",
+    "VersionState",
     "start_fraction",
 ]
 
@@ -62,6 +70,14 @@ class _Bits:
     def __init__(self, size: int) -> None:
         self.data = bytearray((size + 7) // 8)
         self.count = 0
+
+    @classmethod
+    def restored(cls, size: int, data: bytes, count: int) -> _Bits:
+        """A bitset as :meth:`Catalogue.export` gave it (padded or cut to ``size``)."""
+        bits = cls(size)
+        bits.data[: len(data)] = data[: len(bits.data)]
+        bits.count = count
+        return bits
 
     def add(self, index: int) -> None:
         byte, bit = divmod(index, 8)
@@ -147,6 +163,19 @@ class _Version:
     sessions: dict[str, _Session] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class VersionState:
+    """One dataset version's catalogue state as a store keeps it.
+
+    ``sessions_json`` holds the sessions and leases; ``holders`` maps a node to
+    (chunks held, its bitset's bytes).
+    """
+
+    chunk_count: int
+    sessions_json: str
+    holders: Mapping[str, tuple[int, bytes]]
+
+
 class Catalogue:
     """Holdings, leases and sessions of every dataset version the coordinator has seen."""
 
@@ -177,6 +206,33 @@ class Catalogue:
             if not 0 <= index < version.chunk_count:
                 raise CatalogueError(f"chunk index {index} is outside 0..{version.chunk_count - 1}")
         return version
+
+    def load(self, dataset: str, manifest_id: str, state: VersionState) -> None:
+        """Put a stored version's state in place of whatever is held for it."""
+        version = _Version(dataset, state.chunk_count)
+        for node, (count, data) in state.holders.items():
+            version.holders[node] = _Bits.restored(state.chunk_count, data, count)
+        doc = json.loads(state.sessions_json) if state.sessions_json else {}
+        for node, region, rank, last_seen_s, leases in doc.get("sessions", []):
+            version.sessions[node] = _Session(node, region, rank, last_seen_s, set(leases))
+        version.leases = {int(index): node for index, node in doc.get("leases", [])}
+        self._versions[(dataset, manifest_id)] = version
+
+    def export(self, dataset: str, manifest_id: str, holders: Iterable[str]) -> VersionState:
+        """The state of one version, with the bitsets of ``holders`` only (those a call
+        changed). Raises KeyError for a version this catalogue does not hold."""
+        version = self._versions[(dataset, manifest_id)]
+        sessions = [
+            [s.node, s.region, s.rank, s.last_seen_s, sorted(s.leases)]
+            for s in version.sessions.values()
+        ]
+        doc = {"sessions": sessions, "leases": sorted(version.leases.items())}
+        changed = {
+            node: (bits.count, bytes(bits.data))
+            for node in holders
+            if (bits := version.holders.get(node)) is not None
+        }
+        return VersionState(version.chunk_count, json.dumps(doc, separators=(",", ":")), changed)
 
     def _expire(self, version: _Version, now_s: float) -> None:
         for node, session in list(version.sessions.items()):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from netopt.coordinator.catalogue import Catalogue, CatalogueError, RouteRequest
-from netopt.coordinator.service import Coordinator, NotFoundError, node_state
+from netopt.coordinator.service import Coordinator, node_state
 from netopt.names import NODE_NAME_RE, is_dataset_name, is_hash_id, is_node_name
 from netopt.wire.fields import Reader, RequestInvalid, parse_json_body
 
@@ -84,17 +84,19 @@ class ChunkCatalogue:
             if node_state(node, now_s, stale_after_s) == "live"
         }
 
-    def route(self, req: RouteRequest) -> dict[str, object]:
+    async def route(self, req: RouteRequest) -> dict[str, object]:
         """Route one call; NotFoundError for an unregistered node, RequestInvalid for a
-        request that contradicts the version."""
+        request that contradicts the version. The state is the store's when replicas
+        share it (:meth:`StoreRunner.route_chunks`)."""
+        await self.coordinator.known(req.node)  # NotFoundError: start its agent first
         nodes = self.coordinator.nodes
-        if req.node not in nodes:
-            raise NotFoundError(f"node {req.node!r} is not registered; start its agent first")
         now_s = self.coordinator.clock()
         regions = {name: node.region for name, node in nodes.items()}
         live = {n for n in self._live(now_s) if nodes[n].registration.get("data_port")}
         try:
-            answer = self.catalogue.route(req, regions, live, now_s)
+            answer = await self.coordinator.db.route_chunks(
+                self.catalogue, req, regions, live, now_s
+            )
         except CatalogueError as exc:
             raise RequestInvalid("chunk_count", str(exc)) from None
         endpoints = {}
@@ -104,10 +106,12 @@ class ChunkCatalogue:
             endpoints[name] = f"{host}:{node.registration['data_port']}"
         return {**answer.to_dict(), "endpoints": endpoints}
 
-    def describe(self) -> dict[str, object]:
+    async def describe(self) -> dict[str, object]:
         """Every dataset version the catalogue knows."""
         now_s = self.coordinator.clock()
-        return {"now_s": now_s, "versions": self.catalogue.describe(self._live(now_s), now_s)}
+        live = self._live(now_s)
+        versions = await self.coordinator.db.describe_catalogue(self.catalogue, live, now_s)
+        return {"now_s": now_s, "versions": versions}
 
 
 CATALOGUE = web.AppKey("catalogue", ChunkCatalogue)
@@ -127,11 +131,11 @@ async def route_chunks(request: web.Request) -> web.Response:
     req = parse_route_request(
         data, request.match_info["dataset"], request.match_info["manifest_id"]
     )
-    return _json(catalogue.route(req))
+    return _json(await catalogue.route(req))
 
 
 async def list_datasets(request: web.Request) -> web.Response:
-    return _json(request.app[CATALOGUE].describe())
+    return _json(await request.app[CATALOGUE].describe())
 
 
 CATALOGUE_ROUTES = (

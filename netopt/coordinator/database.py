@@ -1,4 +1,11 @@
-"""The store on its own threads: the event loop awaits, the disk work happens elsewhere.
+"""The store on its own threads: the event loop awaits, the database work happens elsewhere.
+
+:func:`open_database` chooses the store once, from the ``database`` setting: a
+path is SQLite (:class:`Database`), a ``postgresql://`` URL is PostgreSQL
+(:class:`PgDatabase`, see :mod:`netopt.coordinator.pgstore`). Both run their
+store's calls on one thread, group concurrent ingests into one transaction
+(:class:`StoreRunner`), time every call (``observe``), and say whether this
+replica is the elected one (:meth:`StoreRunner.elect`).
 
 :class:`Database` owns a single-thread executor holding the writer connection
 (every :class:`~netopt.coordinator.store.Store` call runs there), groups
@@ -16,15 +23,34 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
+from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest
 from netopt.coordinator.matrix_query import MatrixReader
-from netopt.coordinator.store import BatchToStore, IngestResult, Store
-from netopt.errors import StorageError
+from netopt.coordinator.store import Store
+from netopt.coordinator.storeapi import (
+    BatchToStore,
+    CoordinatorStore,
+    IngestResult,
+    database_kind,
+    redact_url,
+)
+from netopt.errors import DependencyError, StorageError
 
-__all__ = ["BACKGROUND_NICE", "RESTART_AFTER_FRAMES", "Database"]
+if TYPE_CHECKING:
+    from netopt.coordinator.pgstore import PgStore
+
+__all__ = [
+    "BACKGROUND_NICE",
+    "RESTART_AFTER_FRAMES",
+    "Database",
+    "PgDatabase",
+    "StoreRunner",
+    "open_database",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -44,53 +70,201 @@ def _lower_thread_priority(nice: int = BACKGROUND_NICE) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
-class Database:
-    """Runs a :class:`Store` on one dedicated thread; every method is awaited."""
+class MatrixSource(Protocol):
+    """What answers link matrix queries (on a thread of its own)."""
 
-    def __init__(self, path: str, *, durable_commits: bool = False) -> None:
-        self._path = path
-        self._durable_commits = durable_commits
+    def links(
+        self, since_s: float, regions: dict[str, str], *, with_regions: bool = False
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
+
+    def close(self) -> None: ...
+
+
+class StoreRunner:
+    """Runs a :class:`CoordinatorStore` on one dedicated thread; every method is awaited.
+
+    ``observe(operation, seconds)``, when set, is called after every store call.
+    """
+
+    shared = False
+    """Whether other replicas may write the same database."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        """What the database is, fit for a log (a URL without its password)."""
+        self.observe: Callable[[str, float], None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-db")
-        self._store: Store | None = None
+        self._store: CoordinatorStore | None = None
         self._pending: list[tuple[BatchToStore, asyncio.Future[IngestResult]]] = []
         self._draining = False
-        self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-ckpt")
-        self._checkpoint_db: sqlite3.Connection | None = None
         self._reader_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-read")
-        self._reader: MatrixReader | None = None
+        self._reader: MatrixSource | None = None
+
+    def _open_store(self) -> CoordinatorStore:
+        raise NotImplementedError
+
+    def _open_reader(self) -> MatrixSource:
+        raise NotImplementedError
 
     async def open(self) -> None:
         """Open the database (creating and migrating it) on the database thread."""
-        self._store = await self._run(
-            Store, self._path, autocheckpoint=False, durable_commits=self._durable_commits
+        self._store = await self._run(self._open_store)
+        self._reader = await asyncio.get_running_loop().run_in_executor(
+            self._reader_executor, self._open_reader
         )
-        loop = asyncio.get_running_loop()
-
-        def open_checkpointer() -> sqlite3.Connection:
-            _lower_thread_priority()
-            return sqlite3.connect(self._path, isolation_level=None, timeout=30)
-
-        def open_reader() -> MatrixReader:
-            _lower_thread_priority()
-            return MatrixReader(self._path)
-
-        self._checkpoint_db = await loop.run_in_executor(self._checkpointer, open_checkpointer)
-        self._reader = await loop.run_in_executor(self._reader_executor, open_reader)
 
     async def matrix(
         self, since_s: float, regions: dict[str, str], *, with_regions: bool = False
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Link entries (and region-pair entries) of summaries taken since ``since_s``.
 
-        Computed in SQL on the reader thread; see :meth:`MatrixReader.links`.
+        Computed on the reader thread; see :meth:`MatrixReader.links`.
         Raises StorageError.
         """
         reader = self._reader
         if reader is None:
             raise StorageError("database is not open")
-        return await asyncio.get_running_loop().run_in_executor(
+        return await self._timed(
+            "matrix",
             self._reader_executor,
             lambda: reader.links(since_s, regions, with_regions=with_regions),
+        )
+
+    async def checkpoint(self) -> int:
+        """Housekeeping of the engine's own files (SQLite's WAL); 0 where there is none."""
+        return 0
+
+    async def elect(self) -> bool:
+        """Whether this replica does the work that must happen once (sweeps).
+
+        One process on SQLite: always. Raises StorageError where the election
+        needs the database and it cannot be reached.
+        """
+        return True
+
+    async def route_chunks(
+        self,
+        catalogue: Catalogue,
+        req: RouteRequest,
+        regions: dict[str, str],
+        live: set[str],
+        now_s: float,
+    ) -> RouteAnswer:
+        """Route a region-sharing call. One replica: ``catalogue`` holds the state in
+        memory (pure, on the loop). Raises CatalogueError."""
+        return catalogue.route(req, regions, live, now_s)
+
+    async def describe_catalogue(
+        self, catalogue: Catalogue, live: set[str], now_s: float
+    ) -> list[dict[str, object]]:
+        """Every dataset version the catalogue knows (see :meth:`Catalogue.describe`)."""
+        return catalogue.describe(live, now_s)
+
+    async def ping(self) -> None:
+        """A round trip to the database on the reader thread; StorageError if unreachable."""
+        await self._timed("ping", self._reader_executor, self._ping_reader)
+
+    def _ping_reader(self) -> None:
+        if self._store is None:
+            raise StorageError("database is not open")
+
+    async def _timed(self, name: str, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, fn)
+        finally:
+            if self.observe is not None:
+                self.observe(name, time.perf_counter() - started)
+
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._timed(
+            getattr(fn, "__name__", "call"), self._executor, lambda: fn(*args, **kwargs)
+        )
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args)`` on the database thread (``fn`` is a bound store method)."""
+        return await self._run(fn, *args, **kwargs)
+
+    async def ingest(self, batch: BatchToStore) -> IngestResult:
+        """Store one batch; batches arriving together share one transaction (group commit).
+
+        Returns once the batch is committed. Raises StorageError.
+        """
+        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((batch, future))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                group, self._pending = self._pending, []
+                try:
+                    results = await self._run(self.store.ingest, [b for b, _ in group])
+                except Exception as exc:  # every waiter gets the failure
+                    for _, future in group:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(group, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._draining = False
+
+    @property
+    def store(self) -> CoordinatorStore:
+        """The open store (only call its methods through :meth:`call`)."""
+        if self._store is None:
+            raise StorageError("database is not open")
+        return self._store
+
+    async def close(self) -> None:
+        """Close the reader and the store, then stop the threads."""
+        loop = asyncio.get_running_loop()
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            await loop.run_in_executor(self._reader_executor, reader.close)
+        if self._store is not None:
+            store, self._store = self._store, None
+            await loop.run_in_executor(self._executor, store.close)
+        self._reader_executor.shutdown(wait=True)
+        self._executor.shutdown(wait=True)
+
+
+class Database(StoreRunner):
+    """SQLite at ``path``: the writer on one thread, the WAL checkpointed on a second,
+    matrix queries on a read-only connection on a third."""
+
+    def __init__(self, path: str, *, durable_commits: bool = False) -> None:
+        super().__init__(path)
+        self._path = path
+        self._durable_commits = durable_commits
+        self._sqlite: Store | None = None
+        self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-ckpt")
+        self._checkpoint_db: sqlite3.Connection | None = None
+
+    def _open_store(self) -> CoordinatorStore:
+        durable = self._durable_commits
+        self._sqlite = Store(self._path, autocheckpoint=False, durable_commits=durable)
+        return self._sqlite
+
+    def _open_reader(self) -> MatrixSource:
+        _lower_thread_priority()
+        return MatrixReader(self._path)
+
+    async def open(self) -> None:
+        """Open the database (creating and migrating it) and the checkpoint connection."""
+        await super().open()
+
+        def open_checkpointer() -> sqlite3.Connection:
+            _lower_thread_priority()
+            return sqlite3.connect(self._path, isolation_level=None, timeout=30)
+
+        self._checkpoint_db = await asyncio.get_running_loop().run_in_executor(
+            self._checkpointer, open_checkpointer
         )
 
     async def checkpoint(
@@ -128,66 +302,111 @@ class Database:
         loop = asyncio.get_running_loop()
         frames = await loop.run_in_executor(self._checkpointer, passive)
         if frames > truncate_after_frames:
-            await self._run(self.store.truncate_wal)
+            await self._run(self._sqlite_store.truncate_wal)
         elif frames > restart_after_frames:
-            await self._run(self.store.backfill_wal)
+            await self._run(self._sqlite_store.backfill_wal)
         return frames
 
-    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-
-    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(*args)`` on the database thread (``fn`` is a bound Store method)."""
-        return await self._run(fn, *args, **kwargs)
-
-    async def ingest(self, batch: BatchToStore) -> IngestResult:
-        """Store one batch; batches arriving together share one transaction (group commit).
-
-        Returns once the batch is committed. Raises StorageError.
-        """
-        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        self._pending.append((batch, future))
-        if not self._draining:
-            self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        try:
-            while self._pending:
-                group, self._pending = self._pending, []
-                try:
-                    results = await self._run(self.store.ingest, [b for b, _ in group])
-                except Exception as exc:  # every waiter gets the failure
-                    for _, future in group:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), result in zip(group, results, strict=True):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._draining = False
-
     @property
-    def store(self) -> Store:
-        """The open store (only call its methods through :meth:`call`)."""
-        if self._store is None:
+    def _sqlite_store(self) -> Store:
+        if self._sqlite is None:
             raise StorageError("database is not open")
-        return self._store
+        return self._sqlite
 
     async def close(self) -> None:
         """Close the store (the last connection to close checkpoints) and stop the threads."""
-        if self._reader is not None:
-            reader, self._reader = self._reader, None
-            await asyncio.get_running_loop().run_in_executor(self._reader_executor, reader.close)
         if self._checkpoint_db is not None:
             db, self._checkpoint_db = self._checkpoint_db, None
             await asyncio.get_running_loop().run_in_executor(self._checkpointer, db.close)
-        if self._store is not None:
-            await self._run(self._store.close)
-            self._store = None
         self._checkpointer.shutdown(wait=True)
-        self._reader_executor.shutdown(wait=True)
-        self._executor.shutdown(wait=True)
+        await super().close()
+        self._sqlite = None
+
+
+class PgDatabase(StoreRunner):
+    """PostgreSQL at ``url``: the writer on one thread; matrix queries, pings and the
+    election on a second connection and thread."""
+
+    shared = True
+
+    def __init__(self, url: str, *, password: str | None = None) -> None:
+        super().__init__(redact_url(url))
+        self._url = url
+        self._password = password
+        self._pg_reader: PgStore | None = None
+        self._pg_writer: PgStore | None = None
+
+    def _connect(self, *, migrate: bool) -> PgStore:
+        try:  # psycopg is the `postgres` extra: only a PostgreSQL coordinator needs it
+            from netopt.coordinator.pgstore import PgStore
+        except ImportError as exc:
+            raise DependencyError(
+                f"database {self.description} is PostgreSQL, but psycopg is not installed"
+                f" ({exc}): pip install 'netopt[postgres]'"
+            ) from None
+        return PgStore(self._url, password=self._password, migrate=migrate)
+
+    def _open_store(self) -> CoordinatorStore:
+        self._pg_writer = self._connect(migrate=True)
+        return self._pg_writer
+
+    @property
+    def _writer(self) -> PgStore:
+        if self._pg_writer is None:
+            raise StorageError("database is not open")
+        return self._pg_writer
+
+    async def route_chunks(
+        self,
+        catalogue: Catalogue,
+        req: RouteRequest,
+        regions: dict[str, str],
+        live: set[str],
+        now_s: float,
+    ) -> RouteAnswer:
+        """Route against the version's state in PostgreSQL (shared by the replicas);
+        ``catalogue`` gives only the TTLs. Raises CatalogueError, StorageError."""
+        fresh = Catalogue(catalogue.session_ttl_s, catalogue.retry_after_s)
+        return await self._run(self._writer.catalogue_route, fresh, req, regions, live, now_s)
+
+    async def describe_catalogue(
+        self, catalogue: Catalogue, live: set[str], now_s: float
+    ) -> list[dict[str, object]]:
+        """Every dataset version stored, read on the reader thread."""
+        fresh = Catalogue(catalogue.session_ttl_s, catalogue.retry_after_s)
+        reader = self._reader_store
+        return await self._timed(
+            "describe_catalogue",
+            self._reader_executor,
+            lambda: reader.catalogue_describe(fresh, live, now_s),
+        )
+
+    def _open_reader(self) -> MatrixSource:
+        self._pg_reader = self._connect(migrate=False)
+        return self._pg_reader
+
+    def _ping_reader(self) -> None:
+        self._reader_store.ping()
+
+    @property
+    def _reader_store(self) -> PgStore:
+        if self._pg_reader is None:
+            raise StorageError("database is not open")
+        return self._pg_reader
+
+    async def elect(self) -> bool:
+        """Whether this replica holds PostgreSQL's leader lock (taking it when free)."""
+        return await self._timed("elect", self._reader_executor, self._reader_store.try_lead)
+
+
+def open_database(
+    database: str, *, durable_commits: bool = False, password: str | None = None
+) -> StoreRunner:
+    """The runner for ``database``: a ``postgresql://`` URL or a SQLite file path.
+
+    ``password`` is PostgreSQL's (None: libpq's ``PGPASSWORD`` or none);
+    ``durable_commits`` is SQLite's. Nothing is opened until :meth:`StoreRunner.open`.
+    """
+    if database_kind(database) == "postgresql":
+        return PgDatabase(database, password=password)
+    return Database(database, durable_commits=durable_commits)

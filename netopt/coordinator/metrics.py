@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from netopt.webshell import RequestMetrics
+from netopt.webshell import REQUEST_BUCKETS_S, RequestMetrics
 
 __all__ = ["CONTENT_TYPE", "CoordinatorMetrics"]
 
@@ -29,11 +29,27 @@ class _NodeStates(Collector):
         yield family
 
 
+class _Leader(Collector):
+    def __init__(self, is_leader: Callable[[], bool]) -> None:
+        self._is_leader = is_leader
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "netopt_coordinator_leader",
+            "1 on the replica elected to do once-only work (retention sweeps), else 0.",
+            value=1 if self._is_leader() else 0,
+        )
+
+
 class CoordinatorMetrics:
     """Request (``http``, the service shell's), ingest and node-state metrics; ``render()``
     gives the exposition text."""
 
-    def __init__(self, node_counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        node_counts: Callable[[], dict[str, int]],
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.http = RequestMetrics("netopt_coordinator", self.registry)
         self.requests, self.latency = self.http.requests, self.http.latency
@@ -49,7 +65,19 @@ class CoordinatorMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.store_latency = Histogram(
+            "netopt_coordinator_store_duration_seconds",
+            "Time of a call to the store (SQLite or PostgreSQL), by operation.",
+            ["operation"],
+            buckets=REQUEST_BUCKETS_S,
+            registry=self.registry,
+        )
         self.registry.register(_NodeStates(node_counts))
+        self.registry.register(_Leader(is_leader))
+
+    def observe_store(self, operation: str, seconds: float) -> None:
+        """Record one store call (called from the event loop)."""
+        self.store_latency.labels(operation).observe(seconds)
 
     def render(self, extra: Sequence[Metric] = ()) -> bytes:
         """The registry in Prometheus text format, then the ``extra`` families (the link

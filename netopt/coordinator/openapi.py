@@ -225,7 +225,7 @@ def openapi_document() -> dict[str, Any]:
             "title": "netopt coordinator",
             "version": __version__,
             "description": "Agent registry, link-summary ingest, probe plans and the link "
-            "matrix. Every route except /, /dashboard.*, /openapi.json and /healthz needs "
+            "matrix. Every route except /, /dashboard.*, /openapi.json, /healthz and /readyz needs "
             "'Authorization: Bearer <token>' (the shared token); /metrics too.",
         },
         "components": {
@@ -268,6 +268,13 @@ def openapi_document() -> dict[str, Any]:
                                                            "schema": _ref("Error")}}}}}},
             "/healthz": {"get": {"summary": "Liveness, no token", "security": [],
                                  "responses": {"200": {"description": "ok"}}}},
+            "/readyz": {"get": {"summary": "Readiness, no token: 503 while the database cannot "
+                                "be reached (leader: whether this replica does the sweeps)",
+                                "security": [],
+                                "responses": {"200": {"description": "ready"},
+                                              "503": {"description": "database unreachable",
+                                                      "content": {"application/json": {
+                                                          "schema": _ref("Error")}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [],
                                       "responses": {"200": {"description": "OpenAPI 3.1"}}}},
             "/": {"get": {"summary": "Dashboard page (static; the token is typed in or passed "

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from netopt.cache.residency import residency_violation
 from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
-from netopt.coordinator.database import Database
+from netopt.coordinator.database import StoreRunner
 from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
-from netopt.errors import NotFoundError, ResidencyError
+from netopt.errors import NetoptError, NotFoundError, ResidencyError
 from netopt.names import DATASET_NAME_RE, NODE_NAME_RE
 from netopt.wire.fields import Reader
 from netopt.wire.schema import Heartbeat, Registration, RequestInvalid, SummaryBatch
@@ -70,10 +70,17 @@ class _PlanCache:
 
 
 class Coordinator:
-    """Registry and link matrix over a :class:`Database`; one per application."""
+    """Registry and link matrix over a :class:`StoreRunner`; one per application.
+
+    The registry is cached in memory. On a store that several replicas share
+    (``db.shared``) a node registered through another replica is read from the
+    store when first named, and :meth:`refresh_registry` follows the others'
+    changes; work that must happen once (:meth:`sweep`) runs only while
+    :attr:`leader`.
+    """
 
     def __init__(
-        self, settings: CoordinatorSettings, db: Database, clock: Callable[[], float]
+        self, settings: CoordinatorSettings, db: StoreRunner, clock: Callable[[], float]
     ) -> None:
         self.settings = settings
         self.db = db
@@ -84,6 +91,7 @@ class Coordinator:
         self._plan = _PlanCache()
         self._planning: asyncio.Task[None] | None = None
         self._replan_started_s = float("-inf")
+        self.leader = False
         self.catalogue: DatasetsSettings | None = None
         if settings.datasets_file is not None:
             # ConfigError (naming the file) here stops the coordinator at startup.
@@ -137,20 +145,64 @@ class Coordinator:
             **self._agent_info(),
         }
 
-    def _known(self, name: str) -> StoredNode:
+    async def known(self, name: str) -> StoredNode:
+        """The registry row of ``name``; NotFoundError when no replica registered it."""
         node = self.nodes.get(name)
+        if node is None and self.db.shared:
+            # Registered through another replica: the store knows it.
+            node = await self.db.call(self.db.store.node, name)
+            if node is not None:
+                self.nodes[name] = node
+                self._generation += 1
         if node is None:
             raise NotFoundError(f"node {name!r} is not registered; register first")
         return node
 
-    def placement(self, req: PlacementRequest) -> dict[str, Any]:
+    async def refresh_registry(self) -> int:
+        """Take the other replicas' registrations, departures and heartbeats from the store.
+
+        A heartbeat this replica holds that is newer than the stored one is kept.
+        Returns how many nodes changed; nothing to do on a store of one's own.
+        """
+        if not self.db.shared:
+            return 0
+        changed = 0
+        for stored in await self.db.call(self.db.store.nodes):
+            mine = self.nodes.get(stored.name)
+            if mine == stored:
+                continue
+            if (
+                mine is not None
+                and stored.name in self._dirty
+                and (mine.last_seen_s >= stored.last_seen_s and mine.left_at_s is None)
+            ):
+                continue  # our own newer heartbeat, flushed at the next flush
+            if mine is None or (mine.left_at_s is None) != (stored.left_at_s is None):
+                self._generation += 1  # membership moved
+            self.nodes[stored.name] = stored
+            changed += 1
+        return changed
+
+    async def elect(self) -> bool:
+        """Ask the store whether this replica does the once-only work; sets :attr:`leader`.
+
+        Raises StorageError (and stops leading) when the store cannot be reached.
+        """
+        try:
+            self.leader = await self.db.elect()
+        except NetoptError:
+            self.leader = False
+            raise
+        return self.leader
+
+    async def placement(self, req: PlacementRequest) -> dict[str, Any]:
         """Whether the catalogue lets ``req.dataset`` be placed on the node or region.
 
         Raises NotFoundError for an unregistered node and ResidencyError (naming the
         rule) when the dataset's residency excludes the region. A dataset missing
         from the catalogue (or no catalogue) is allowed, and the answer says so.
         """
-        region = req.region if req.node is None else self._known(req.node).region
+        region = req.region if req.node is None else (await self.known(req.node)).region
         spec = None if self.catalogue is None else self.catalogue.get(req.dataset)
         reason = residency_violation(spec, region)
         if reason is not None:
@@ -166,7 +218,7 @@ class Coordinator:
 
     async def heartbeat(self, name: str, beat: Heartbeat) -> dict[str, Any]:
         """Mark the node alive (a node that had left is back); persisted in batches."""
-        node = self._known(name)
+        node = await self.known(name)
         now = self.clock()
         if node_state(node, now, self.settings.stale_after_s) != "live":
             self._generation += 1  # a stale or departed node rejoins the plan now
@@ -182,7 +234,7 @@ class Coordinator:
 
     async def leave(self, name: str) -> dict[str, Any]:
         """Deregister (graceful shutdown): the node drops out of the plan, stays listed."""
-        node = dataclasses.replace(self._known(name), left_at_s=self.clock())
+        node = dataclasses.replace(await self.known(name), left_at_s=self.clock())
         await self.db.call(self.db.store.save_node, node)
         self.nodes[name] = node
         self._generation += 1
@@ -258,14 +310,14 @@ class Coordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._planning
 
-    def node_plan(self, name: str) -> dict[str, Any]:
+    async def node_plan(self, name: str) -> dict[str, Any]:
         """One agent's plan; a node that is not live gets an empty plan."""
-        self._known(name)
+        await self.known(name)
         return self.plan().for_node(name).to_dict()
 
     async def ingest(self, name: str, batch: SummaryBatch) -> IngestResult:
         """Store a batch once; every summary must be measured by ``name`` (``src``)."""
-        self._known(name)
+        await self.known(name)
         for index, summary in enumerate(batch.summaries):
             if summary.src != name:
                 raise RequestInvalid(
@@ -339,5 +391,10 @@ class Coordinator:
         return {"src": src, "dst": dst, "window_s": window_s, "summaries": points}
 
     async def sweep(self) -> int:
-        """Apply retention: delete data older than ``retention_s``; returns rows deleted."""
+        """Apply retention: delete data older than ``retention_s``; returns rows deleted.
+
+        Only the leader sweeps (see :meth:`elect`); another replica returns 0.
+        """
+        if not self.leader:
+            return 0
         return await self.db.call(self.db.store.sweep, self.clock() - self.settings.retention_s)

@@ -22,116 +22,44 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from netopt.coordinator.matrix import LinkRow
+from netopt.coordinator.storeapi import (
+    SCHEMA_VERSION,
+    BatchToStore,
+    IngestResult,
+    StoredNode,
+    migration_statements,
+    versions_to_apply,
+)
 from netopt.errors import StorageError
 from netopt.wire.schema import LinkSummary
 
 __all__ = [
+    "INSERT_SUMMARY",
+    "NODE_COLUMNS",
     "SCHEMA_VERSION",
     "WAL_SIZE_LIMIT_BYTES",
     "BatchToStore",
     "IngestResult",
     "Store",
     "StoredNode",
+    "node_from_row",
+    "summary_row",
 ]
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 # What a WAL file is cut back to when it starts over (SQLite's journal_size_limit).
 WAL_SIZE_LIMIT_BYTES = 256 * 1024 * 1024
 # One compact encoder, built once (json.dumps with arguments builds one per call).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-_INSERT_SUMMARY = (
+INSERT_SUMMARY = (
     "INSERT INTO summaries (node, batch_id, src, dst, taken_at_s, method,"
     " rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms, loss_ratio, probes_sent,"
     " probes_received, single_stream_bps, aggregate_bps, data_json)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE nodes (
-        name TEXT PRIMARY KEY,
-        region TEXT NOT NULL,
-        host TEXT NOT NULL,
-        registration_json TEXT NOT NULL,
-        registered_at_s REAL NOT NULL,
-        last_seen_s REAL NOT NULL,
-        left_at_s REAL,
-        health_json TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE TABLE batches (
-        node TEXT NOT NULL,
-        batch_id TEXT NOT NULL,
-        received_at_s REAL NOT NULL,
-        summary_count INTEGER NOT NULL,
-        PRIMARY KEY (node, batch_id)
-    ) WITHOUT ROWID;
-    CREATE INDEX batches_received ON batches (received_at_s);
-    CREATE TABLE summaries (
-        id INTEGER PRIMARY KEY,
-        node TEXT NOT NULL,
-        batch_id TEXT NOT NULL,
-        src TEXT NOT NULL,
-        dst TEXT NOT NULL,
-        taken_at_s REAL NOT NULL,
-        method TEXT NOT NULL,
-        rtt_p50_ms REAL,
-        rtt_p99_ms REAL,
-        rtt_min_ms REAL,
-        jitter_ms REAL,
-        loss_ratio REAL,
-        probes_sent INTEGER NOT NULL,
-        probes_received INTEGER NOT NULL,
-        single_stream_bps REAL,
-        aggregate_bps REAL,
-        data_json TEXT NOT NULL
-    );
-    CREATE INDEX summaries_pair ON summaries (src, dst, taken_at_s);
-    CREATE INDEX summaries_taken ON summaries (taken_at_s);
-    """,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-@dataclass(frozen=True)
-class StoredNode:
-    """A registry row."""
-
-    name: str
-    region: str
-    host: str
-    registration: dict[str, Any]
-    registered_at_s: float
-    last_seen_s: float
-    left_at_s: float | None
-    health: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class BatchToStore:
-    """One agent's batch as the store writes it."""
-
-    node: str
-    batch_id: str
-    summaries: Sequence[LinkSummary]
-    received_at_s: float
-    oldest_kept_s: float
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    """What happened to a batch: stored (``accepted`` summaries) or a ``duplicate``."""
-
-    batch_id: str
-    duplicate: bool
-    accepted: int
-    expired: int
 
 
 class Store:
@@ -140,6 +68,7 @@ class Store:
     def __init__(
         self, path: str, *, autocheckpoint: bool = True, durable_commits: bool = True
     ) -> None:
+        self._path = path
         try:
             if path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -162,17 +91,11 @@ class Store:
         db = self._db
         db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = db.execute("SELECT version FROM schema_version").fetchone()
-        current = 0 if row is None else int(row[0])
-        if current > SCHEMA_VERSION:
-            raise StorageError(
-                f"database schema version {current} is newer than this netopt ({SCHEMA_VERSION})"
-            )
-        for version in range(current + 1, SCHEMA_VERSION + 1):
+        for version in versions_to_apply(0 if row is None else int(row[0]), self._path):
             db.execute("BEGIN IMMEDIATE")
             try:
-                for statement in MIGRATIONS[version - 1].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in migration_statements(version, "sqlite"):
+                    db.execute(statement)
                 db.execute("DELETE FROM schema_version")
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
                 db.execute("COMMIT")
@@ -207,16 +130,19 @@ class Store:
         """Close the connection (checkpointing the WAL)."""
         self._db.close()
 
+    def ping(self) -> None:
+        """A query on the connection (SQLite is a file: reachable while it is open)."""
+        self._db.execute("SELECT 1").fetchone()
+
     def nodes(self) -> list[StoredNode]:
         """Every node ever registered."""
-        rows = self._db.execute(
-            "SELECT name, region, host, registration_json, registered_at_s, last_seen_s,"
-            " left_at_s, health_json FROM nodes ORDER BY name"
-        ).fetchall()
-        return [
-            StoredNode(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], json.loads(r[7]))
-            for r in rows
-        ]
+        rows = self._db.execute(f"{NODE_COLUMNS} ORDER BY name").fetchall()
+        return [node_from_row(r) for r in rows]
+
+    def node(self, name: str) -> StoredNode | None:
+        """One registry row, or None."""
+        row = self._db.execute(f"{NODE_COLUMNS} WHERE name = ?", (name,)).fetchone()
+        return None if row is None else node_from_row(row)
 
     def save_node(self, node: StoredNode) -> None:
         """Insert or replace a registry row."""
@@ -271,7 +197,7 @@ class Store:
                 for batch in batches:
                     results.append(self._insert_batch(batch, rows))
                 # One statement for the summaries of the whole group.
-                db.executemany(_INSERT_SUMMARY, rows)
+                db.executemany(INSERT_SUMMARY, rows)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -290,7 +216,7 @@ class Store:
         )
         if cursor.rowcount == 0:
             return IngestResult(batch.batch_id, True, 0, 0)
-        rows.extend(_summary_row(batch.node, batch.batch_id, s) for s in kept)
+        rows.extend(summary_row(batch.node, batch.batch_id, s) for s in kept)
         return IngestResult(batch.batch_id, False, len(kept), len(batch.summaries) - len(kept))
 
     def link_rows(self, since_s: float) -> list[LinkRow]:
@@ -331,7 +257,19 @@ class Store:
         return int(deleted.rowcount)
 
 
-def _summary_row(node: str, batch_id: str, s: LinkSummary) -> tuple[Any, ...]:
+NODE_COLUMNS = (
+    "SELECT name, region, host, registration_json, registered_at_s, last_seen_s,"
+    " left_at_s, health_json FROM nodes"
+)
+
+
+def node_from_row(r: Sequence[Any]) -> StoredNode:
+    """A :class:`StoredNode` from the columns of :data:`NODE_COLUMNS`."""
+    return StoredNode(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], json.loads(r[7]))
+
+
+def summary_row(node: str, batch_id: str, s: LinkSummary) -> tuple[Any, ...]:
+    """The :data:`INSERT_SUMMARY` parameters of one summary."""
     rtt = s.rtt_ms
     return (
         node,

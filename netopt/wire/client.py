@@ -3,7 +3,8 @@
 Errors, by what the caller should do:
 
 - :class:`~netopt.errors.PeerUnreachableError`: connection refused or timed out,
-  or a 5xx answer. Retry later (the agent spools and replays).
+  or a 5xx answer, from every address the client knows. Retry later (the agent
+  spools and replays).
 - :class:`~netopt.errors.TlsError`: the TLS handshake was refused (wrong CA, expired
   certificate, wrong host name, no client certificate), or http:// while TLS is on.
 - :class:`~netopt.errors.UsageError`: the token would go in plaintext to a non-loopback
@@ -12,12 +13,22 @@ Errors, by what the caller should do:
 - :class:`CoordinatorRejected` (a ValidationError): any other 4xx, with ``status``
   and the JSON ``body``. Resending the same request will not help; a 404 on an
   agent route means "register first".
+
+Several addresses (replicas sharing one database): ``base_url`` may be a list, or
+one string of comma-separated URLs. A request goes to the address that answered
+last; on no answer or a 5xx it moves on to the next one, after a short backoff
+with jitter, until each was tried once. Every agent request is safe to resend to
+another replica (registration and heartbeats are idempotent, a batch id is stored
+once whichever replica gets it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
+import random
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -36,7 +47,26 @@ from netopt.wire.answers import NodePlanAnswer
 from netopt.wire.fields import RequestInvalid
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
-__all__ = ["CoordinatorClient", "CoordinatorRejected"]
+__all__ = ["CoordinatorClient", "CoordinatorRejected", "failover_delay_s", "split_urls"]
+
+FAILOVER_BASE_S = 0.05
+FAILOVER_CAP_S = 1.0
+
+
+def split_urls(base_url: str | Sequence[str]) -> tuple[str, ...]:
+    """The coordinator addresses in ``base_url`` (a list, or comma-separated), in order."""
+    parts = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+    urls = tuple(u.strip().rstrip("/") for u in parts if u.strip())
+    if not urls:
+        raise ValueError("no coordinator URL given")
+    return urls
+
+
+def failover_delay_s(attempt: int, draw: float) -> float:
+    """Wait before the ``attempt``-th (1-based) other address: exponential, capped, with
+    ``draw`` in [0, 1) spreading it over 50-150% so that agents do not move in step."""
+    backoff_s: float = min(FAILOVER_CAP_S, FAILOVER_BASE_S * 2.0 ** (attempt - 1))
+    return backoff_s * (0.5 + draw)
 
 
 class CoordinatorRejected(ValidationError):
@@ -49,10 +79,16 @@ class CoordinatorRejected(ValidationError):
 
 
 class CoordinatorClient:
-    """``async with CoordinatorClient(url, token) as client: await client.register(...)``."""
+    """``async with CoordinatorClient(url, token) as client: await client.register(...)``.
 
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0) -> None:
-        self.base_url = base_url.rstrip("/")
+    ``base_url``: one URL, a list, or comma-separated URLs (see the module docstring).
+    """
+
+    def __init__(
+        self, base_url: str | Sequence[str], token: str, *, timeout_s: float = 10.0
+    ) -> None:
+        self.urls = split_urls(base_url)
+        self._current = 0
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._ssl = client_ssl(self.base_url, sends_token=True)
@@ -79,18 +115,41 @@ class CoordinatorClient:
             await self._session.close()
             self._session = None
 
+    @property
+    def base_url(self) -> str:
+        """The address requests go to now (the one that answered last)."""
+        return self.urls[self._current]
+
     async def request(
         self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None
     ) -> Any:
-        """Send one request; the decoded JSON answer, or one of the module's errors."""
+        """Send one request; the decoded JSON answer, or one of the module's errors.
+
+        Tries each address at most once, starting with the current one; raises the
+        last PeerUnreachableError when none answered.
+        """
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        for attempt in range(len(self.urls)):
+            if attempt:
+                await asyncio.sleep(failover_delay_s(attempt, random.random()))
+            try:
+                return await self._request_once(method, path, data, params)
+            except PeerUnreachableError:
+                if attempt == len(self.urls) - 1:
+                    raise
+                self._current = (self._current + 1) % len(self.urls)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def _request_once(
+        self, method: str, path: str, data: bytes | None, params: dict[str, str] | None
+    ) -> Any:
         tls_now = client_ssl(self.base_url, sends_token=True)
-        if tls_now is not self._ssl:  # renewed files: a long-lived client takes them too
+        if tls_now is not self._ssl:  # renewed files, or another address's scheme
             self._ssl = tls_now
             await self.close()
         if self._session is None:
             self._session = self._open()
         url = self.base_url + path
-        data = None if body is None else json.dumps(body, allow_nan=False).encode()
         headers = {"Content-Type": "application/json"} if data is not None else None
         try:
             async with self._session.request(
@@ -123,7 +182,9 @@ class CoordinatorClient:
         if status == 401:
             raise AuthenticationError(f"coordinator refused the token: {answer.get('message')}")
         if status >= 500:
-            raise PeerUnreachableError(f"coordinator answered {status}: {answer.get('message')}")
+            raise PeerUnreachableError(
+                f"coordinator {self.base_url} answered {status}: {answer.get('message')}"
+            )
         if status >= 400:
             raise CoordinatorRejected(status, answer if isinstance(answer, dict) else {})
         return answer

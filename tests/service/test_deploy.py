@@ -393,3 +393,29 @@ def test_dashboard_and_alerts_use_only_metrics_netopt_exports() -> None:
         "netopt_sync_wire_bytes_total",
         "netopt_sync_runs_total",
     } <= used
+
+
+def test_postgres_variant_runs_two_replicas_with_a_disruption_budget(tmp_path: Path) -> None:
+    docs = _kustomize(DEPLOY / "kubernetes" / "coordinator-postgres")
+    assert sorted(d["kind"] for d in docs) == sorted(
+        ["Namespace", "ConfigMap", "Service", "Deployment", "PodDisruptionBudget"]
+    )
+    for doc in docs:
+        _validate(doc)
+    (deployment,) = _by_kind(docs, "Deployment")
+    (budget,) = _by_kind(docs, "PodDisruptionBudget")
+    (svc,) = _by_kind(docs, "Service")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] >= 2
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert svc["spec"]["selector"].items() <= labels.items()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["image"] == "registry.example.internal/netopt:0.1.0"
+    (config_map,) = _by_kind(docs, "ConfigMap")
+    text = config_map["data"]["coordinator.yaml"]
+    assert yaml.safe_load(text)["database"].startswith("postgresql://")
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(text)
+    _config_check(path, "coordinator")

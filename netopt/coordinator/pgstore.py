@@ -1,0 +1,425 @@
+"""The coordinator's PostgreSQL store: the same rows as SQLite's, shared by replicas.
+
+Chosen by ``database: postgresql://USER@HOST:PORT/DB`` in the coordinator's
+settings; the password comes from ``database_password_file`` or libpq's
+``PGPASSWORD``, never from the URL (the loader refuses one there). Every message
+names the URL without a password (:func:`~netopt.coordinator.storeapi.redact_url`).
+
+Idempotent ingest across replicas: ``batches`` has the primary key
+``(node, batch_id)`` and a batch is inserted ``ON CONFLICT DO NOTHING``; two
+replicas storing the same batch at once serialise on that key, and the second
+finds it stored. Migrations run under a transaction-level advisory lock, so
+replicas starting together migrate once.
+
+Election: :meth:`PgStore.try_lead` takes a session-level advisory lock; it is
+held as long as this connection lives, so a replica that dies (its connection
+ends) hands it to the next one that asks.
+
+:class:`PgStore` is synchronous (psycopg 3) and must be used from one thread; a
+broken connection (the database restarted) is reopened by the next call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+
+from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest, VersionState
+from netopt.coordinator.matrix import LinkRow
+from netopt.coordinator.matrix_query import POSTGRES_SQL, pair_entries, region_pair_entries
+from netopt.coordinator.store import INSERT_SUMMARY, NODE_COLUMNS, node_from_row, summary_row
+from netopt.coordinator.storeapi import (
+    SCHEMA_VERSION,
+    BatchToStore,
+    IngestResult,
+    StoredNode,
+    migration_statements,
+    redact_url,
+    versions_to_apply,
+)
+from netopt.errors import StorageError
+
+__all__ = ["LEADER_LOCK_KEY", "MIGRATION_LOCK_KEY", "PgStore"]
+
+T = TypeVar("T")
+
+# Advisory lock keys (any 64-bit numbers that no other program on the database uses).
+MIGRATION_LOCK_KEY = 0x6E65746F70740001
+LEADER_LOCK_KEY = 0x6E65746F70740002
+CONNECT_TIMEOUT_S = 5
+_LINK_COLUMNS = (
+    "SELECT src, dst, taken_at_s, rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms,"
+    " loss_ratio, probes_sent, probes_received, single_stream_bps, aggregate_bps"
+    " FROM summaries WHERE taken_at_s >= %s ORDER BY id"
+)
+_INSERT_BATCHES = (
+    "INSERT INTO batches (node, batch_id, received_at_s, summary_count)"
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::int[])"
+    " ON CONFLICT (node, batch_id) DO NOTHING RETURNING node, batch_id"
+)
+_COPY_SUMMARIES = (
+    "COPY summaries (node, batch_id, src, dst, taken_at_s, method, rtt_p50_ms, rtt_p99_ms,"
+    " rtt_min_ms, jitter_ms, loss_ratio, probes_sent, probes_received, single_stream_bps,"
+    " aggregate_bps, data_json) FROM STDIN"
+)
+assert INSERT_SUMMARY.count("?") == 16  # the same columns as SQLite's insert
+
+
+class PgStore:
+    """Synchronous PostgreSQL access; one instance per thread. Raises StorageError."""
+
+    def __init__(self, url: str, *, password: str | None = None, migrate: bool = True) -> None:
+        self._url = url
+        self._password = password
+        self._db = self._connect()
+        self._leading = False
+        if migrate:
+            try:
+                self._guard("migrating", self._migrate)
+            except BaseException:
+                self._db.close()
+                raise
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        extra: dict[str, Any] = {} if self._password is None else {"password": self._password}
+        try:
+            return psycopg.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                application_name="netopt-coordinator",
+                # A dead peer is noticed in ~10 s rather than the kernel's two hours.
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                **extra,
+            )  # fmt: skip
+        except psycopg.Error as exc:
+            raise StorageError(
+                f"cannot connect to database {redact_url(self._url)}: {_first_line(exc)}"
+            ) from None
+        except ValueError as exc:  # libpq rejected the URL itself
+            raise StorageError(f"bad database URL {redact_url(self._url)}: {exc}") from None
+
+    def _conn(self) -> psycopg.Connection[Any]:
+        if self._db.closed or self._db.broken:
+            self._leading = False  # a session-level lock ends with its connection
+            self._db = self._connect()
+        return self._db
+
+    def _guard(self, doing: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except psycopg.Error as exc:
+            raise StorageError(
+                f"{doing} failed on database {redact_url(self._url)}: {_first_line(exc)}"
+            ) from None
+
+    def _migrate(self) -> None:
+        db = self._conn()
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            current = 0 if row is None else int(row[0])
+            for version in versions_to_apply(current, self._url):
+                for statement in migration_statements(version, "postgresql"):
+                    db.execute(statement)
+            if current != SCHEMA_VERSION:
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+    def schema_version(self) -> int:
+        """The version the database is at."""
+
+        def read() -> int:
+            row = self._conn().execute("SELECT version FROM schema_version").fetchone()
+            return 0 if row is None else int(row[0])
+
+        return self._guard("reading the schema version", read)
+
+    def close(self) -> None:
+        """Close the connection (and with it any lock it holds)."""
+        self._leading = False
+        self._db.close()
+
+    def ping(self) -> None:
+        """One round trip; StorageError when the database cannot be reached."""
+        self._guard("ping", lambda: self._conn().execute("SELECT 1").fetchone())
+
+    def try_lead(self) -> bool:
+        """Whether this connection holds the leader lock (taking it when free)."""
+
+        def attempt() -> bool:
+            db = self._conn()
+            if self._leading:
+                db.execute("SELECT 1").fetchone()  # still connected: still holding it
+                return True
+            row = db.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,)).fetchone()
+            self._leading = bool(row and row[0])
+            return self._leading
+
+        try:
+            return self._guard("election", attempt)
+        except StorageError:
+            self._leading = False
+            raise
+
+    def nodes(self) -> list[StoredNode]:
+        """Every node ever registered."""
+        sql = f"{NODE_COLUMNS} ORDER BY name"
+        rows = self._guard("reading nodes", lambda: self._conn().execute(sql).fetchall())
+        return [node_from_row(r) for r in rows]
+
+    def node(self, name: str) -> StoredNode | None:
+        """One registry row, or None."""
+        sql = f"{NODE_COLUMNS} WHERE name = %s"
+        row = self._guard("reading a node", lambda: self._conn().execute(sql, (name,)).fetchone())
+        return None if row is None else node_from_row(row)
+
+    def save_node(self, node: StoredNode) -> None:
+        """Insert or replace a registry row."""
+        args = (
+            node.name, node.region, node.host, json.dumps(node.registration),
+            node.registered_at_s, node.last_seen_s, node.left_at_s, json.dumps(node.health),
+        )  # fmt: skip
+        self._guard(
+            "saving a node",
+            lambda: self._conn().execute(
+                "INSERT INTO nodes VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (name) DO UPDATE SET region = excluded.region,"
+                " host = excluded.host, registration_json = excluded.registration_json,"
+                " registered_at_s = excluded.registered_at_s,"
+                " last_seen_s = excluded.last_seen_s, left_at_s = excluded.left_at_s,"
+                " health_json = excluded.health_json",
+                args,
+            ),
+        )
+
+    def touch_nodes(self, updates: Sequence[tuple[str, float, dict[str, Any]]]) -> None:
+        """Record ``(name, last_seen_s, health)`` of many nodes in one transaction.
+
+        A replica's older heartbeat never moves ``last_seen_s`` back.
+        """
+
+        def write() -> None:
+            db = self._conn()
+            with db.transaction(), db.cursor() as cur:
+                cur.executemany(
+                    "UPDATE nodes SET last_seen_s = %s, health_json = %s"
+                    " WHERE name = %s AND last_seen_s <= %s",
+                    [(seen, json.dumps(h), name, seen) for name, seen, h in updates],
+                )
+
+        self._guard("recording heartbeats", write)
+
+    def ingest(self, batches: Sequence[BatchToStore]) -> list[IngestResult]:
+        """Store batches in one transaction, each ``(node, batch_id)`` at most once.
+
+        A batch already stored (by any replica) or earlier in ``batches`` is a
+        duplicate. Summaries taken before ``oldest_kept_s`` are dropped as expired.
+        Raises StorageError, in which case nothing was stored.
+        """
+
+        def write() -> list[IngestResult]:
+            kept = [[x for x in b.summaries if x.taken_at_s >= b.oldest_kept_s] for b in batches]
+            first: dict[tuple[str, str], int] = {}
+            for index, batch in enumerate(batches):
+                first.setdefault((batch.node, batch.batch_id), index)
+            offered = sorted(first.values())
+            db = self._conn()
+            with db.transaction(), db.cursor() as cur:
+                # One round trip for the whole group: the keys no replica stored yet.
+                cur.execute(
+                    _INSERT_BATCHES,
+                    (
+                        [batches[i].node for i in offered],
+                        [batches[i].batch_id for i in offered],
+                        [batches[i].received_at_s for i in offered],
+                        [len(kept[i]) for i in offered],
+                    ),
+                )
+                new = {(node, batch_id) for node, batch_id in cur.fetchall()}
+                stored = {first[key] for key in new}
+                if any(kept[i] for i in stored):
+                    with cur.copy(_COPY_SUMMARIES) as copy:
+                        for i in sorted(stored):
+                            node, batch_id = batches[i].node, batches[i].batch_id
+                            for summary in kept[i]:
+                                copy.write_row(summary_row(node, batch_id, summary))
+            return [
+                IngestResult(b.batch_id, False, len(kept[i]), len(b.summaries) - len(kept[i]))
+                if i in stored
+                else IngestResult(b.batch_id, True, 0, 0)
+                for i, b in enumerate(batches)
+            ]
+
+        return self._guard(f"storing {len(batches)} batch(es)", write)
+
+    def link_rows(self, since_s: float) -> list[LinkRow]:
+        """Matrix columns of every summary taken at or after ``since_s``, in stored order."""
+        rows = self._guard(
+            "reading summaries",
+            lambda: self._conn().execute(_LINK_COLUMNS, (since_s,)).fetchall(),
+        )
+        return [LinkRow(*row) for row in rows]
+
+    def links(
+        self, since_s: float, regions: Mapping[str, str], *, with_regions: bool = False
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Pair entries and, if asked, region-pair entries (as ``MatrixReader.links``):
+        computed in PostgreSQL by the same queries, in one snapshot."""
+
+        def query() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            db = self._conn()
+            with db.transaction():
+                db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+                def rows(sql: str) -> list[tuple[Any, ...]]:
+                    return db.execute(sql, {"since": since_s}).fetchall()
+
+                links = pair_entries(POSTGRES_SQL, rows, regions)
+                if not with_regions:
+                    return links, []
+                db.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS node_region (node TEXT PRIMARY KEY,"
+                    " region TEXT) ON COMMIT DELETE ROWS"
+                )
+                db.execute(
+                    "INSERT INTO pg_temp.node_region SELECT key, value FROM json_each_text(%s)",
+                    (json.dumps(dict(regions)),),
+                )
+                return links, region_pair_entries(POSTGRES_SQL, rows, links)
+
+        return self._guard("link matrix query", query)
+
+    def history(self, src: str, dst: str, since_s: float, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` summaries of src->dst since ``since_s``, oldest first."""
+        rows = self._guard(
+            "reading history",
+            lambda: (
+                self._conn()
+                .execute(
+                    "SELECT data_json FROM summaries WHERE src = %s AND dst = %s"
+                    " AND taken_at_s >= %s ORDER BY taken_at_s DESC, id DESC LIMIT %s",
+                    (src, dst, since_s, limit),
+                )
+                .fetchall()
+            ),
+        )
+        return [json.loads(r[0]) for r in reversed(rows)]
+
+    def counts(self) -> tuple[int, int]:
+        """(batches, summaries) stored."""
+
+        def read() -> tuple[int, int]:
+            db = self._conn()
+            batches = db.execute("SELECT count(*) FROM batches").fetchone()
+            summaries = db.execute("SELECT count(*) FROM summaries").fetchone()
+            assert batches is not None
+            assert summaries is not None
+            return int(batches[0]), int(summaries[0])
+
+        return self._guard("counting", read)
+
+    def sweep(self, before_s: float) -> int:
+        """Delete summaries taken, and batch records received, before ``before_s``."""
+
+        def delete() -> int:
+            db = self._conn()
+            with db.transaction():
+                cur = db.execute("DELETE FROM summaries WHERE taken_at_s < %s", (before_s,))
+                db.execute("DELETE FROM batches WHERE received_at_s < %s", (before_s,))
+                return int(cur.rowcount)
+
+        return self._guard("retention sweep", delete)
+
+    def catalogue_route(
+        self,
+        catalogue: Catalogue,
+        req: RouteRequest,
+        regions: Mapping[str, str],
+        live: Collection[str],
+        now_s: float,
+    ) -> RouteAnswer:
+        """Route one call of region sharing against the version's stored state.
+
+        One transaction holds the version's row lock from reading its state to
+        writing it back, so replicas routing the same version take turns and never
+        lease one chunk twice. ``catalogue`` (empty, with the TTLs) does the routing.
+        Raises CatalogueError (nothing written) for a call that contradicts the version.
+        """
+        key = (req.dataset, req.manifest_id)
+
+        def route() -> RouteAnswer:
+            db = self._conn()
+            with db.transaction():
+                db.execute(
+                    "INSERT INTO catalogue_versions VALUES (%s, %s, %s, '')"
+                    " ON CONFLICT (dataset, manifest_id) DO NOTHING",
+                    (*key, req.chunk_count),
+                )
+                row = db.execute(
+                    "SELECT chunk_count, sessions_json FROM catalogue_versions"
+                    " WHERE dataset = %s AND manifest_id = %s FOR UPDATE",
+                    key,
+                ).fetchone()
+                assert row is not None
+                holders = {
+                    node: (int(chunks), bytes(bits))
+                    for node, chunks, bits in db.execute(
+                        "SELECT node, chunks, bits FROM catalogue_holdings"
+                        " WHERE dataset = %s AND manifest_id = %s",
+                        key,
+                    )
+                }
+                catalogue.load(*key, VersionState(int(row[0]), row[1], holders))
+                answer = catalogue.route(req, regions, live, now_s)
+                state = catalogue.export(*key, [req.node] if req.have else [])
+                db.execute(
+                    "UPDATE catalogue_versions SET sessions_json = %s"
+                    " WHERE dataset = %s AND manifest_id = %s",
+                    (state.sessions_json, *key),
+                )
+                for node, (chunks, bits) in state.holders.items():
+                    db.execute(
+                        "INSERT INTO catalogue_holdings VALUES (%s, %s, %s, %s, %s)"
+                        " ON CONFLICT (dataset, manifest_id, node)"
+                        " DO UPDATE SET chunks = excluded.chunks, bits = excluded.bits",
+                        (*key, node, chunks, bits),
+                    )
+                return answer
+
+        return self._guard("routing chunks", route)
+
+    def catalogue_describe(
+        self, catalogue: Catalogue, live: Collection[str], now_s: float
+    ) -> list[dict[str, object]]:
+        """Every stored version, as :meth:`Catalogue.describe` gives it."""
+
+        def read() -> list[dict[str, object]]:
+            db = self._conn()
+            with db.transaction():
+                versions = db.execute(
+                    "SELECT dataset, manifest_id, chunk_count, sessions_json"
+                    " FROM catalogue_versions"
+                ).fetchall()
+                holders: dict[tuple[str, str], dict[str, tuple[int, bytes]]] = {}
+                for dataset, manifest_id, node, chunks in db.execute(
+                    "SELECT dataset, manifest_id, node, chunks FROM catalogue_holdings"
+                ):
+                    holders.setdefault((dataset, manifest_id), {})[node] = (int(chunks), b"")
+            for dataset, manifest_id, chunk_count, sessions_json in versions:
+                state = VersionState(
+                    int(chunk_count), sessions_json, holders.get((dataset, manifest_id), {})
+                )
+                catalogue.load(dataset, manifest_id, state)
+            return catalogue.describe(live, now_s)
+
+        return self._guard("reading the catalogue", read)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
