@@ -217,7 +217,8 @@ class S3ChunkSource(SpooledChunkSource):
                 Range=f"bytes={offset}-{end}",
                 IfMatch=_etag(remote),
             )
-            async with resp["Body"] as stream:
+            stream = resp["Body"]
+            async with stream:  # read from the body itself (see `open_s3`'s download)
                 body = bytes(await stream.read())
         except _boto_errors() as exc:
             raise s3_error(exc, self.url, self.endpoint) from exc
@@ -296,8 +297,11 @@ async def open_s3(
                     resp = await s3_client.get_object(
                         Bucket=url.bucket, Key=_object_key(remote), IfMatch=_etag(remote)
                     )
-                    async with resp["Body"] as stream:
-                        return await spool_stream(spool, stream.iter_chunks(_READ_PIECE_BYTES))
+                    body = resp["Body"]
+                    # The body itself reads: what ``async with`` returns differs between
+                    # aiobotocore releases (the raw aiohttp response before 3.x).
+                    async with body:
+                        return await spool_stream(spool, body.iter_chunks(_READ_PIECE_BYTES))
 
                 try:
                     remotes = await _list(s3_client, url, scope)
