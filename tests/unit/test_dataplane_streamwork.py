@@ -42,9 +42,14 @@ class FakeStream:
         self.asked: list[str] = []
         self.sent = 0
         self.closed_complete: bool | None = None
+        self.ended = False
 
     def ask(self, chunk_id: str) -> None:
+        assert not self.ended, "ask() after end()"
         self.asked.append(chunk_id)
+
+    def end(self) -> None:
+        self.ended = True
 
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         assert self.asked[self.sent] == chunk_id  # frames come in the order asked
@@ -104,6 +109,7 @@ async def test_streams_fetch_every_chunk_once_in_order(tmp_path: Path) -> None:
     assert max(sink.puts.values()) == 1
     assert len(source.streams) == 2
     assert all(s.closed_complete for s in source.streams)
+    assert all(s.ended for s in source.streams)  # names ended once the queue was empty
 
 
 async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path) -> None:
@@ -113,8 +119,8 @@ async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path
     sink = CountingSink()
     summary = await sync_manifest(manifest, source, sink, tmp_path, FAST)
     assert (tmp_path / "f.bin").read_bytes() == data
-    # The idle stream takes over a chunk on its own request, or on a fresh one when it
-    # waited longer than IDLE_STREAM_S: every stream after the first runs at the fast pace.
+    # The fast stream's worker takes over a chunk on a fresh stream once its own stream
+    # ended: every stream after the first runs at the fast pace.
     slow = source.streams[0]
     fast_asked = set().union(*(set(s.asked) for s in source.streams[1:]))
     stolen = set(slow.asked[slow.sent :]) | (set(slow.asked) & fast_asked)
