@@ -78,8 +78,9 @@ class Asked(deque[str]):
 
 def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
     """Name chunks on ``stream`` until it has asked for `stream_ahead_bytes` of wire (and
-    for at least two chunks: one arriving, one the server prepares); once the queue is
-    empty, end its names (`ChunkStream.end`) and return True: nothing more is named on it.
+    for at least two chunks: one arriving, one the server prepares), but never past its
+    fair share (`_share_bytes`) once it has one; once the queue is empty, end its names
+    (`ChunkStream.end`) and return True: nothing more is named on it.
 
     A fresh stream (nothing asked) finding the queue empty takes over the tail: it asks
     for a chunk that another stream has asked for but not started receiving, and
@@ -87,7 +88,10 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
     """
     ratio = run.fetched_logical_bytes / run.wire_bytes if run.wire_bytes else 1.0
     ahead_bytes = run.options.stream_ahead_bytes * max(1.0, ratio)
+    share_bytes = _share_bytes(run)
     while run.queue and (len(asked) < 2 or asked.asked_bytes < ahead_bytes):
+        if asked and asked.asked_bytes + run.lengths[run.queue[0]] > share_bytes:
+            break
         chunk_id = run.queue.popleft()
         length = run.lengths[chunk_id]
         run.queued_bytes -= length
@@ -105,6 +109,18 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
         return False
     stream.end()
     return True
+
+
+def _share_bytes(run: SyncRun) -> float:
+    """Logical bytes one stream may have asked for: what is queued or asked anywhere,
+    split over the sync's streams. A small sync's chunks then go out over all of its
+    connections at once, each with its own initial congestion window (a fresh
+    connection carries ~14 KB in its first round trip and doubles from there), instead
+    of queueing on the first one; a large sync's shares are far above
+    `SyncOptions.stream_ahead_bytes` until its tail."""
+    streams = max(1, min(run.options.streams, run.chunks_total))
+    outstanding_bytes = run.queued_bytes + sum(other.asked_bytes for other in run.asking)
+    return outstanding_bytes / streams
 
 
 def _lagging(run: SyncRun, mine: Asked | None) -> bool:
