@@ -56,6 +56,11 @@ class ChunkStream(Protocol):
         """Name the next chunk to send (returns at once)."""
         ...
 
+    def end(self) -> None:
+        """Name nothing more: the server ends its response after the frames asked for
+        (returns at once; idempotent). `ask` after it is an error."""
+        ...
+
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         """The frame of the oldest chunk asked for and not yet read (``chunk_id``).
 
@@ -131,7 +136,7 @@ class HttpChunkStream:
             raise RuntimeError("ask() after the stream ended")
         self._names.put_nowait(chunk_id.encode("ascii") + b"\n")
 
-    def _end(self) -> None:
+    def end(self) -> None:
         if not self._ended:
             self._ended = True
             self._names.put_nowait(None)
@@ -156,7 +161,7 @@ class HttpChunkStream:
             raise
 
     async def aclose(self, *, complete: bool = True) -> None:
-        self._end()
+        self.end()
         if not complete:
             self._broken = True
         resp, ctx = self._resp, self._ctx

@@ -3,12 +3,15 @@
 One long request per connection for the whole sync (the server's stream route): the
 worker names chunks ahead on the request body, enough to keep about
 `SyncOptions.stream_ahead_bytes` on the wire, and names the next one as soon as a frame
-arrives, so the connection never idles between batches. At the tail, with the queue
-empty, an idle stream takes over ("steals") a chunk another stream has queued but not
-started receiving, whichever copy arrives first is used, and a stream whose remaining
-chunks all arrived elsewhere is cut. A stream that breaks or stalls is replaced by a
-fresh one (see `stream_worker`). Without a stream route on the server the worker
-falls back to `SyncRun.worker` (batches).
+arrives, so the connection never idles between batches. Once the queue is empty a
+stream names nothing more and ends its request body at once: the server's end frame
+(the version check) then follows the last frame instead of waiting a round trip for the
+client's end. At the tail a worker whose stream ended opens a fresh one to take over
+("steal") a chunk another stream has queued but not started receiving, whichever copy
+arrives first is used, and a stream whose remaining chunks all arrived elsewhere is
+cut. A stream that breaks or stalls is replaced by a fresh one (see `stream_worker`).
+Without a stream route on the server the worker falls back to `SyncRun.worker`
+(batches).
 """
 
 from __future__ import annotations
@@ -27,11 +30,7 @@ from netopt.errors import NetworkError, ValidationError
 # Logs under the sync engine's name, as it did before this module was split from it.
 log = logging.getLogger("netopt.dataplane.sync")
 
-__all__ = ["IDLE_STREAM_S", "Asked", "stream_worker"]
-
-IDLE_STREAM_S = 1.0
-"""How long a stream may stay open with nothing asked (below the source's stall timeout,
-at least 2 s), waiting at the tail to take over another stream's chunk."""
+__all__ = ["Asked", "stream_worker"]
 
 
 class Asked(deque[str]):
@@ -77,17 +76,22 @@ class Asked(deque[str]):
         return current_left_s + position * per_frame_s
 
 
-def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> None:
+def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
     """Name chunks on ``stream`` until it has asked for `stream_ahead_bytes` of wire (and
-    for at least two chunks: one arriving, one the server prepares).
+    for at least two chunks: one arriving, one the server prepares), but never past its
+    fair share (`_share_bytes`) once it has one; once the queue is empty, end its names
+    (`ChunkStream.end`) and return True: nothing more is named on it.
 
-    With the queue empty, an idle stream takes over the tail: it asks for a chunk that
-    another stream has asked for but not started receiving, and whichever copy arrives
-    first is used (see `_steal`).
+    A fresh stream (nothing asked) finding the queue empty takes over the tail: it asks
+    for a chunk that another stream has asked for but not started receiving, and
+    whichever copy arrives first is used (see `_steal`).
     """
     ratio = run.fetched_logical_bytes / run.wire_bytes if run.wire_bytes else 1.0
     ahead_bytes = run.options.stream_ahead_bytes * max(1.0, ratio)
+    share_bytes = _share_bytes(run)
     while run.queue and (len(asked) < 2 or asked.asked_bytes < ahead_bytes):
+        if asked and asked.asked_bytes + run.lengths[run.queue[0]] > share_bytes:
+            break
         chunk_id = run.queue.popleft()
         length = run.lengths[chunk_id]
         run.queued_bytes -= length
@@ -101,6 +105,22 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> None:
             asked.ask(stolen, run.lengths[stolen])
             stream.ask(stolen)
             trace.count("tail_steals")
+    if run.queue:
+        return False
+    stream.end()
+    return True
+
+
+def _share_bytes(run: SyncRun) -> float:
+    """Logical bytes one stream may have asked for: what is queued or asked anywhere,
+    split over the sync's streams. A small sync's chunks then go out over all of its
+    connections at once, each with its own initial congestion window (a fresh
+    connection carries ~14 KB in its first round trip and doubles from there), instead
+    of queueing on the first one; a large sync's shares are far above
+    `SyncOptions.stream_ahead_bytes` until its tail."""
+    streams = max(1, min(run.options.streams, run.chunks_total))
+    outstanding_bytes = run.queued_bytes + sum(other.asked_bytes for other in run.asking)
+    return outstanding_bytes / streams
 
 
 def _lagging(run: SyncRun, mine: Asked | None) -> bool:
@@ -140,32 +160,16 @@ def _steal(run: SyncRun, mine: Asked | None) -> str | None:
 async def _run_stream(
     run: SyncRun, stream: ChunkStream, asked: Asked, on_stored: Callable[[str], None]
 ) -> bool:
-    """Read frames off ``stream`` until nothing is left to ask; True when it left idle
-    while another stream may still need help.
+    """Read frames off ``stream`` until what it asked for has arrived; True when it ended
+    with the queue empty (its worker may then help a stream that lags, on a fresh one).
 
     Stops early, dropping the connection, once every chunk still expected on it has
-    arrived over another stream. At the tail an idle stream stays while another
-    stream may still need help, for at most `IDLE_STREAM_S`: longer, its connection
-    would sit with no bytes to read, which is what a stall looks like (the source
-    abandons a connection that receives nothing for its stall timeout), so it ends
-    its request and `stream_worker` opens a fresh one to help.
+    arrived over another stream.
     """
     inflight: set[asyncio.Task[None]] = set()
-    idle_since_s: float | None = None
-    helping = False
     try:
-        _top_up(run, stream, asked)
-        while asked or _lagging(run, asked):
-            if not asked:
-                now_s = time.monotonic()
-                idle_since_s = now_s if idle_since_s is None else idle_since_s
-                if now_s - idle_since_s > IDLE_STREAM_S:
-                    helping = True
-                    break
-                await asyncio.sleep(run.options.steal_after_s / 5)
-                _top_up(run, stream, asked)
-                continue
-            idle_since_s = None
+        ended = _top_up(run, stream, asked)
+        while asked:
             if all(cid in run.claimed for cid in asked):
                 trace.count("streams_cut_in_tail")
                 break
@@ -179,14 +183,15 @@ async def _run_stream(
             else:
                 run.claimed.add(chunk_id)
                 inflight.add(asyncio.create_task(run.process(chunk_id, raw, on_stored)))
-            _top_up(run, stream, asked)
+            if not ended:
+                ended = _top_up(run, stream, asked)
             inflight = await bounded_inflight(inflight)
     finally:
         results = await asyncio.gather(*inflight, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return helping
+    return not run.queue
 
 
 async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
@@ -197,8 +202,9 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     found stalled) charges the chunk it was receiving (`SyncRun.charge`), puts its
     chunks back in the queue, waits (`SyncRun.backoff_s`) and opens a fresh stream, on
     a fresh connection: while the server or the link is down, that probes it about
-    every `SyncOptions.backoff_max_s`. Falls back to batches when the server has no
-    stream route.
+    every `SyncOptions.backoff_max_s`. A stream that ended with the queue empty leaves its
+    worker at the tail, where it opens a fresh stream to take over a chunk that another
+    stream lags on (`_steal`). Falls back to batches when the server has no stream route.
     """
     failures = 0
     helping = False

@@ -37,7 +37,7 @@ def _codec_cache(tmp_path: Path) -> Path:
     path.write_text(
         json.dumps(
             {
-                "version": 2,
+                "version": 4,
                 "cores": 2,
                 "compress_bytes_per_s": {"1": 3e8},
                 "decompress_bytes_per_s": {"1": 9e8},

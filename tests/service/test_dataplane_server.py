@@ -190,7 +190,7 @@ def test_cli_sync_unreachable_is_a_clear_error(tmp_path: Path, monkeypatch, caps
     cache.write_text(
         json.dumps(
             {
-                "version": 3,
+                "version": 4,
                 "cores": 2,
                 "compress_bytes_per_s": {"1": 3e8, "3": 1e8, "5": 6e7, "7": 4e7, "9": 3e7},
                 "decompress_bytes_per_s": {"1": 9e8, "3": 9e8, "5": 9e8, "7": 9e8, "9": 9e8},
@@ -214,7 +214,7 @@ def test_cli_plan_json(tmp_path: Path, monkeypatch, capsys) -> None:
     cache.write_text(
         json.dumps(
             {
-                "version": 3,
+                "version": 4,
                 "cores": 2,
                 "compress_bytes_per_s": {"1": 3e8, "3": 1.5e8, "5": 9e7, "7": 6e7, "9": 3e7},
                 "decompress_bytes_per_s": {"1": 9e8, "3": 9e8, "5": 9e8, "7": 9e8, "9": 9e8},

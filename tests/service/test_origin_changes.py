@@ -13,14 +13,16 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from netopt.cache.syncer import run_sync
 from netopt.dataplane.origin import LiveDataset
-from netopt.dataplane.server import ServeSettings, create_app, start_server
+from netopt.dataplane.server import ServeSettings, ServeStats, create_app, start_server
 from netopt.dataplane.synctypes import SyncProgress
 from netopt.dataplane.watch import TreeWatcher
 from netopt.errors import DatasetChangedError
@@ -40,14 +42,33 @@ def _write_tree(root: Path, seed: int, files: int = 12, size: int = 200_000) -> 
     (root / "top.txt").write_bytes(b"top level %d\n" % seed)
 
 
-async def _serve(root: Path, stat_walk_only: bool = False) -> tuple[LiveDataset, object, int]:
+async def _serve(
+    root: Path, stat_walk_only: bool = False, stats: ServeStats | None = None
+) -> tuple[LiveDataset, object, int]:
     live = LiveDataset.load(root, NAME, CHUNK_BYTES)
     if stat_walk_only:
         live._watcher.close()  # as on a kernel without inotify: every answer walks
         live._watcher.reason = "test: inotify turned off"
-    app = create_app(ServeSettings(token=TOKEN, worker_threads=2), {NAME: live}, CPU)
+    app = create_app(ServeSettings(token=TOKEN, worker_threads=2), {NAME: live}, CPU, stats)
     runner, port = await start_server(app, "127.0.0.1", 0)
     return live, runner, port
+
+
+def _change_after_reads(live: LiveDataset, stats: ServeStats, change: Callable[[], bool]) -> None:
+    """Call ``change()`` (True: it changed a file) whenever the server brings the dataset
+    up to date after reading chunks since the last change: at a stream's end, between
+    its last chunk read and the end frame that names the version (the window in which a
+    change must still be caught). ``change`` returning False stops the changes."""
+    real_fresh = live.fresh
+    reads_at_change = [0]
+
+    async def fresh(run_in_thread: Any) -> Any:
+        reads = sum(stats.chunk_requests.values())
+        if reads > reads_at_change[0] and change():
+            reads_at_change[0] = reads
+        return await real_fresh(run_in_thread)
+
+    live.fresh = fresh  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("stat_walk_only", [False, True], ids=["inotify", "stat-walk"])
@@ -129,17 +150,21 @@ async def test_files_changed_mid_sync_restart_on_the_new_version(tmp_path: Path)
 async def test_an_origin_that_never_settles_fails_clearly(tmp_path: Path) -> None:
     src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
     _write_tree(src, seed=1)
-    live, runner, port = await _serve(src)
+    stats = ServeStats()
+    live, runner, port = await _serve(src, stats=stats)
     seeds = iter(range(100, 200))
 
-    def keep_changing(progress: SyncProgress) -> None:
+    def keep_changing() -> bool:
         (src / "top.txt").write_bytes(b"version %d\n" % next(seeds))
+        return True
 
+    # Every attempt's chunks are followed by a change before the server names the version.
+    _change_after_reads(live, stats, keep_changing)
     try:
         url = f"netopt://127.0.0.1:{port}/{NAME}"
         req = request(url, dest, cache, source_options=served_options(TOKEN, CPU))
         with pytest.raises(DatasetChangedError, match="changed 4 times during the sync"):
-            await run_sync(req, on_progress=keep_changing)
+            await run_sync(req)
     finally:
         await runner.cleanup()  # type: ignore[attr-defined]
         live.close()
@@ -253,22 +278,28 @@ async def test_a_file_added_with_an_unservable_name_is_left_out(tmp_path: Path) 
 
 
 async def test_a_change_after_the_last_chunk_read_is_still_caught(tmp_path: Path) -> None:
-    # The version check rides on the streams' end frames: a change made once every chunk
-    # has arrived, before the streams end, must still restart the sync, never succeed.
+    # The version check rides on the streams' end frames: a change made once the server
+    # read every chunk, before it names the version at a stream's end, must still restart
+    # the sync, never succeed. (The client ends its names with its last ask, so that end
+    # comes right after the last frame: a change after it is after the sync's snapshot.)
     src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
     _write_tree(src, seed=1, files=24)
-    live, runner, port = await _serve(src)
+    stats = ServeStats()
+    live, runner, port = await _serve(src, stats=stats)
     changed: list[int] = []
 
-    def change_after_the_last_chunk(progress: SyncProgress) -> None:
-        if not changed and progress.chunks_done == progress.chunks_total:
-            changed.append(progress.chunks_done)
-            (src / "top.txt").write_bytes(b"changed after the last read\n")
+    def change_after_the_last_chunk() -> bool:
+        if changed or sum(stats.chunk_requests.values()) < len(live.index):
+            return False
+        changed.append(1)
+        (src / "top.txt").write_bytes(b"changed after the last read\n")
+        return True
 
+    _change_after_reads(live, stats, change_after_the_last_chunk)
     try:
         url = f"netopt://127.0.0.1:{port}/{NAME}"
         req = request(url, dest, cache, source_options=served_options(TOKEN, CPU))
-        report = await run_sync(req, on_progress=change_after_the_last_chunk)
+        report = await run_sync(req)
         assert changed
         assert report.version_restarts == 1
         assert tree(dest) == tree(src)

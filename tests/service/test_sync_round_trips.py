@@ -2,7 +2,9 @@
 dataset asks for the info and the manifest together, then its chunks over at most a
 stream per data connection (no request per file or per chunk); the live-origin check
 rides on the streams' ends (the server names the version after its last read), so no
-info request follows. Counted from the requests the server saw, not timed."""
+info request follows; and a stream names its last chunk and its end together, so that end
+comes right after the last frame, not a round trip later. Counted from the requests the
+server saw, not timed."""
 
 from __future__ import annotations
 
@@ -17,10 +19,18 @@ from pathlib import Path
 
 from aiohttp import web
 
+from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.handlers import auth_middleware
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.webshell import service_shell
-from tests.service.dataplane_helpers import CHUNK_BYTES, CPU, TOKEN, check_tree, make_dataset
+from tests.service.dataplane_helpers import (
+    CHUNK_BYTES,
+    CPU,
+    FAST,
+    TOKEN,
+    check_tree,
+    make_dataset,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,11 +47,18 @@ def _route(path: str) -> str:
     return "info" if len(parts) == 3 else parts[3]
 
 
-async def _serve(root: Path, seen: list[Seen]) -> tuple[web.AppRunner, int]:
+async def _serve(
+    root: Path, seen: list[Seen], *, whole_stream_bodies: bool = False
+) -> tuple[web.AppRunner, int]:
+    """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
+    a stream request is answered only once its body (the names) has ended."""
+
     @web.middleware
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
         started_s = time.monotonic()
         try:
+            if whole_stream_bodies and _route(request.path) == "stream":
+                await request.content.wait_eof()  # unread: the handler reads the names
             return await handler(request)
         finally:
             seen.append(Seen(_route(request.path), started_s, time.monotonic()))
@@ -101,3 +118,30 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     # A sync with nothing to fetch: info and manifest, and the check (no stream carried it).
     assert sorted(s.route for s in seen) == ["info", "info", "manifest"]
     assert again["files_written"] == 0
+
+
+async def test_a_small_sync_ends_each_stream_with_its_last_name(tmp_path: Path) -> None:
+    # A server that answers a stream only after its body ended: a stream that has named
+    # its last chunk must end its names at once, not wait for the frames first (then the
+    # server's end frame, which carries the version, would come a round trip after the
+    # last frame). Waiting deadlocks here: the bound below turns that into a failure.
+    # One stream: it names every chunk of this small dataset in its first breath (with
+    # more, each names its share and the rest as frames arrive, which this server,
+    # waiting for the whole body, would never send).
+    files = make_dataset(tmp_path / "src")
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, whole_stream_bodies=True)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        async with asyncio.timeout(20):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, streams=1,
+            )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunk_retries == 0
+    routes = [s.route for s in seen]
+    assert routes.count("info") == 1, routes  # every stream's end frame carried the version
+    assert routes.count("stream") == 1, routes

@@ -21,7 +21,7 @@ from tests.service.coordinator_helpers import (
 )
 
 CODEC_CACHE = {
-    "version": 3,
+    "version": 4,
     "cores": 2,
     "compress_bytes_per_s": {"1": 2.5e8, "3": 1.0e8, "5": 6.4e7, "7": 3.9e7, "9": 2.5e7},
     "decompress_bytes_per_s": {"1": 9e8, "3": 8e8, "5": 8e8, "7": 8e8, "9": 8e8},

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
-from netopt.chunking import chunk_bytes
+from netopt.chunking import ChunkRef, chunk_bytes, chunk_id
 from netopt.dataplane.chunkio import MemoryChunkSink, MemoryChunkSource, RawChunk
 from netopt.dataplane.sync import SyncOptions, sync_manifest
 from netopt.errors import NetworkError
@@ -42,9 +43,14 @@ class FakeStream:
         self.asked: list[str] = []
         self.sent = 0
         self.closed_complete: bool | None = None
+        self.ended = False
 
     def ask(self, chunk_id: str) -> None:
+        assert not self.ended, "ask() after end()"
         self.asked.append(chunk_id)
+
+    def end(self) -> None:
+        self.ended = True
 
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         assert self.asked[self.sent] == chunk_id  # frames come in the order asked
@@ -104,6 +110,25 @@ async def test_streams_fetch_every_chunk_once_in_order(tmp_path: Path) -> None:
     assert max(sink.puts.values()) == 1
     assert len(source.streams) == 2
     assert all(s.closed_complete for s in source.streams)
+    assert all(s.ended for s in source.streams)  # names ended once the queue was empty
+
+
+async def test_a_small_syncs_chunks_go_out_on_every_stream_at_once(tmp_path: Path) -> None:
+    # Eight chunks, four streams, a look-ahead that would hold them all: each stream names
+    # its share (two) before any frame arrives, so every connection's first round trip
+    # carries data, and each ends its names with its last one.
+    size = 16 * 1024
+    data = os.urandom(8 * size)
+    refs = [ChunkRef(i, size, chunk_id(data[i : i + size])) for i in range(0, len(data), size)]
+    table = {r.chunk_id: data[r.offset_bytes : r.offset_bytes + size] for r in refs}
+    entry = FileEntry("f.bin", len(data), 0o644, 1_600_000_000 * 10**9, tuple(refs))
+    manifest = Manifest("ds", (entry,), size)
+    source = StreamingSource(manifest, table, [0.0])
+    opts = replace(FAST, streams=4, stream_ahead_bytes=64 * 1024 * 1024)
+    await sync_manifest(manifest, source, CountingSink(), tmp_path, opts)
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert [len(s.asked) for s in source.streams] == [2, 2, 2, 2]
+    assert all(s.ended for s in source.streams)
 
 
 async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path) -> None:
@@ -113,8 +138,8 @@ async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path
     sink = CountingSink()
     summary = await sync_manifest(manifest, source, sink, tmp_path, FAST)
     assert (tmp_path / "f.bin").read_bytes() == data
-    # The idle stream takes over a chunk on its own request, or on a fresh one when it
-    # waited longer than IDLE_STREAM_S: every stream after the first runs at the fast pace.
+    # The fast stream's worker takes over a chunk on a fresh stream once its own stream
+    # ended: every stream after the first runs at the fast pace.
     slow = source.streams[0]
     fast_asked = set().union(*(set(s.asked) for s in source.streams[1:]))
     stolen = set(slow.asked[slow.sent :]) | (set(slow.asked) & fast_asked)
