@@ -13,6 +13,12 @@ from coordinator_helpers import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
+PORT_ATTEMPTS = 3
+"""Starts with a fresh port when rank 0 finds its rendezvous port taken: the port is free
+when picked, but rank 0 binds it only after importing torch (seconds), and another
+process of a busy machine may take it meanwhile (EADDRINUSE)."""
+
+
 def run_worker_ranks(
     worker: Path, world: int, args: tuple[str, ...], timeout_s: float, errs: list[str] | None = None
 ) -> list[dict]:
@@ -20,6 +26,22 @@ def run_worker_ranks(
 
     Each rank's stderr is appended to ``errs`` when given.
     """
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return _run_once(worker, world, args, timeout_s, errs)
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _run_once(
+    worker: Path, world: int, args: tuple[str, ...], timeout_s: float, errs: list[str] | None
+) -> list[dict]:
     port = str(free_port())
     procs = [
         subprocess.Popen(
@@ -35,6 +57,8 @@ def run_worker_ranks(
                 out, err = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 pytest.fail(f"a rank hung for {timeout_s}s ({worker.name} {args}, {world} ranks)")
+            if proc.returncode != 0 and "EADDRINUSE" in err:
+                raise _PortTaken(err[-500:])
             assert proc.returncode == 0, err[-3000:]
             if errs is not None:
                 errs.append(err)
