@@ -18,6 +18,7 @@ neither the event loop nor ingest.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -80,7 +81,7 @@ class MatrixSource(Protocol):
     def close(self) -> None: ...
 
 
-class StoreRunner:
+class StoreRunner(abc.ABC):
     """Runs a :class:`CoordinatorStore` on one dedicated thread; every method is awaited.
 
     ``observe(operation, seconds)``, when set, is called after every store call.
@@ -100,11 +101,13 @@ class StoreRunner:
         self._reader_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-read")
         self._reader: MatrixSource | None = None
 
+    @abc.abstractmethod
     def _open_store(self) -> CoordinatorStore:
-        raise NotImplementedError
+        """Open (create, migrate) the store; called on the database thread."""
 
+    @abc.abstractmethod
     def _open_reader(self) -> MatrixSource:
-        raise NotImplementedError
+        """Open the link-matrix reader; called on the reader thread."""
 
     async def open(self) -> None:
         """Open the database (creating and migrating it) on the database thread."""
