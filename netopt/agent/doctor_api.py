@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from netopt.config import LinksSettings, parse_settings
+from netopt.config import LinksSettings, settings_from_data
+from netopt.config.loader import SourceMap
 from netopt.doctor import ports
 from netopt.doctor.run import DoctorOptions, run_doctor
 from netopt.errors import NetoptError, ValidationError
@@ -100,7 +101,7 @@ def doctor_routes(agent: Agent) -> list[web.RouteDef]:
         links = None
         if body.get("links") is not None:
             try:
-                parsed = parse_settings(json.dumps(body["links"]), "request links", "links", {})
+                parsed = settings_from_data(body["links"], SourceMap("request links", {}), "links")
             except NetoptError as exc:
                 return _refuse(400, str(exc))
             assert isinstance(parsed, LinksSettings)

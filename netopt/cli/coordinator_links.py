@@ -1,6 +1,7 @@
 """A running coordinator's links as :class:`LinksSettings`, for ``nccl-env`` and ``doctor``.
 
-One fetch of ``/api/v1/nodes`` and ``/api/v1/links``, turned into the links
+One fetch of ``/api/v1/nodes`` and ``/api/v1/links`` (typed and checked:
+`netopt.wire.answers`), turned into the links
 document a ``--links`` file holds (``nccl.from_coordinator``) and checked by the
 same loader as a file, without a detour through YAML text.
 """
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from netopt.config import LinksSettings, settings_from_data
 from netopt.config.loader import SourceMap
+from netopt.wire.answers import LinksAnswer, NodesAnswer
 
 __all__ = ["CoordinatorLinks", "fetch_coordinator_links"]
 
@@ -25,7 +25,7 @@ class CoordinatorLinks:
     pairs left out (no figures yet)."""
 
     settings: LinksSettings
-    nodes_answer: Mapping[str, Any]
+    nodes_answer: NodesAnswer
     notes: tuple[str, ...]
 
 
@@ -37,10 +37,9 @@ def fetch_coordinator_links(
     from netopt.nccl.from_coordinator import links_from_coordinator
     from netopt.wire.client import CoordinatorClient
 
-    async def fetch() -> tuple[dict[str, Any], dict[str, Any]]:
-        query = {} if window_s is None else {"window_s": window_s}
+    async def fetch() -> tuple[NodesAnswer, LinksAnswer]:
         async with CoordinatorClient(url, token) as client:
-            return await client.get("/api/v1/nodes"), await client.get("/api/v1/links", **query)
+            return await client.nodes(), await client.links(window_s)
 
     nodes, links = asyncio.run(fetch())
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

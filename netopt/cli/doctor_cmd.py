@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,6 +29,9 @@ from netopt.doctor.run import DoctorOptions, run_doctor
 from netopt.doctor.sysctl import read_sysctl
 from netopt.errors import ConfigError, UsageError
 from netopt.tlsconf import current_client_tls
+
+if TYPE_CHECKING:
+    from netopt.wire.answers import NodeView  # aiohttp: only --coordinator loads it
 
 __all__ = ["doctor_command"]
 
@@ -47,30 +50,24 @@ def _from_coordinator(
             "no token given", key_path="token", expected="NETOPT_TOKEN or --token-file"
         )
     fetched = fetch_coordinator_links(url, token)
-    nodes, parsed = fetched.nodes_answer, fetched.settings
     peers = []
-    for entry in nodes.get("nodes", []):
-        name = entry.get("node")
-        if name == node or (wanted and name not in wanted) or entry.get("state") == "left":
+    for entry in fetched.nodes_answer.live():
+        if entry.node == node or (wanted and entry.node not in wanted):
             continue
         address = _peer_address(entry)
         if address is not None:
             peers.append(address)
-    return parsed, tuple(peers)
+    return fetched.settings, tuple(peers)
 
 
-def _peer_address(entry: dict[str, Any]) -> str | None:
+def _peer_address(entry: NodeView) -> str | None:
     """Where to reach a registered node from here: the host it registered with (what it
     advertised, or the address the coordinator saw), else its first NIC address that is
     not loopback (a node's first NIC is often ``lo``); loopback only when that is all it
     has (a cluster on one host)."""
     import ipaddress
 
-    host = entry.get("host")
-    candidates = [host] if isinstance(host, str) and host else []
-    candidates += [
-        str(a).split("/")[0] for nic in entry.get("nics", []) for a in nic.get("addresses", [])
-    ]
+    candidates = entry.addresses()
     for candidate in candidates:
         try:
             if ipaddress.ip_address(candidate).is_loopback:

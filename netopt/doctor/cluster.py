@@ -19,6 +19,7 @@ import aiohttp
 from netopt.errors import NetoptError, PeerUnreachableError, ValidationError
 from netopt.nccl.from_coordinator import links_from_coordinator
 from netopt.tlsconf import client_ssl, data_scheme
+from netopt.wire.answers import NodesAnswer
 from netopt.wire.client import CoordinatorClient
 
 __all__ = ["AgentEndpoint", "merge_reports", "run_cluster_doctor"]
@@ -41,13 +42,12 @@ class AgentEndpoint:
         return f"{data_scheme()}://{host}:{self.data_port}"
 
 
-def agents_from_nodes(nodes_answer: dict[str, Any], wanted: Sequence[str]) -> list[AgentEndpoint]:
+def agents_from_nodes(nodes_answer: NodesAnswer, wanted: Sequence[str]) -> list[AgentEndpoint]:
     """Live nodes with an agent HTTP port, optionally only those in ``wanted`` (pure)."""
-    found = [
-        AgentEndpoint(n["node"], n["host"], int(n["data_port"]))
-        for n in nodes_answer.get("nodes", [])
-        if n.get("state") == "live" and n.get("data_port") and (not wanted or n["node"] in wanted)
-    ]
+    found = []
+    for n in nodes_answer.nodes:
+        if n.state == "live" and n.data_port and n.host and (not wanted or n.node in wanted):
+            found.append(AgentEndpoint(n.node, n.host, n.data_port))
     missing = sorted(set(wanted) - {a.node for a in found})
     if missing:
         raise ValidationError(f"no live agent for node(s) {', '.join(missing)}")
@@ -89,8 +89,8 @@ async def run_cluster_doctor(
 ) -> dict[str, Any]:
     """Ask every live agent to listen, then to run the doctor against the others."""
     async with CoordinatorClient(coordinator_url, token) as client:
-        nodes = await client.get("/api/v1/nodes")
-        links = await client.get("/api/v1/links", window_s=3600)
+        nodes = await client.nodes()
+        links = await client.links(window_s=3600)
     agents = agents_from_nodes(nodes, wanted)
     if len(agents) < 2:
         raise ValidationError("the cluster doctor needs at least two live agents")

@@ -8,11 +8,14 @@ edge that asks a coordinator for that answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from netopt.errors import UsageError, ValidationError
 from netopt.transfer.planner import HEADER_EFFICIENCY, CongestionControl, LinkProfile
+
+if TYPE_CHECKING:  # aiohttp (under netopt.wire): `plan` without --coordinator needs none
+    from netopt.wire.answers import LinkView
 
 __all__ = [
     "MissingLinkError",
@@ -26,16 +29,12 @@ class MissingLinkError(ValidationError):
     """The coordinator has no usable figures for a node pair (exit code 2)."""
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return None
-    return float(value)
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and value > 0 else None
 
 
-def _entry(
-    links: Sequence[Mapping[str, Any]], src: str, dst: str
-) -> tuple[Mapping[str, Any], bool] | None:
-    by_pair = {(str(e.get("src")), str(e.get("dst"))): e for e in links if isinstance(e, Mapping)}
+def _entry(links: Sequence[LinkView], src: str, dst: str) -> tuple[LinkView, bool] | None:
+    by_pair = {(e.src, e.dst): e for e in links}
     if (src, dst) in by_pair:
         return by_pair[(src, dst)], False
     if (dst, src) in by_pair:
@@ -43,17 +42,15 @@ def _entry(
     return None
 
 
-def _rtt_ms(entry: Mapping[str, Any]) -> float | None:
-    window = entry.get("window") or {}
-    spread = window.get("rtt_p50_ms") if isinstance(window, Mapping) else None
-    if isinstance(spread, Mapping) and _number(spread.get("p50")) is not None:
-        return _number(spread.get("p50"))
-    latest = entry.get("latest") or {}
-    return _number(latest.get("rtt_p50_ms")) if isinstance(latest, Mapping) else None
+def _rtt_ms(entry: LinkView) -> float | None:
+    spread = entry.window.rtt_p50_ms
+    if spread is not None and _positive(spread.p50) is not None:
+        return spread.p50
+    return None if entry.latest is None else _positive(entry.latest.rtt_p50_ms)
 
 
 def link_profile_from_links(
-    links: Sequence[Mapping[str, Any]],
+    links: Sequence[LinkView],
     src: str,
     dst: str,
     congestion_control: CongestionControl = "bbr",
@@ -76,9 +73,8 @@ def link_profile_from_links(
     entry, reversed_pair = found
     pair = f"{dst} -> {src}" if reversed_pair else f"{src} -> {dst}"
     rtt_ms = _rtt_ms(entry)
-    bandwidth = entry.get("bandwidth") or {}
-    aggregate_bps = _number(bandwidth.get("aggregate_bps"))
-    single_bps = _number(bandwidth.get("single_stream_bps"))
+    aggregate_bps = _positive(entry.bandwidth.aggregate_bps)
+    single_bps = _positive(entry.bandwidth.single_stream_bps)
     missing = [
         name
         for name, value in (("RTT", rtt_ms), ("bandwidth", aggregate_bps or single_bps))
@@ -89,9 +85,8 @@ def link_profile_from_links(
             f"the coordinator has no {' or '.join(missing)} figures for {pair} yet "
             "(bandwidth comes from the agents' bulk-TCP or iperf3 tests)"
         )
-    window = entry.get("window") or {}
-    loss = window.get("loss_ratio") if isinstance(window, Mapping) else None
-    loss_ratio = min(float(loss), 0.5) if isinstance(loss, int | float) and loss > 0 else 0.0
+    loss = entry.window.loss_ratio
+    loss_ratio = min(loss, 0.5) if loss is not None and loss > 0 else 0.0
     measured_bps = aggregate_bps or single_bps or 0.0
     link = LinkProfile(
         rate_bps=measured_bps / HEADER_EFFICIENCY,
@@ -119,7 +114,7 @@ async def fetch_link_profile(
 ) -> tuple[LinkProfile, tuple[str, ...]]:
     """Ask the coordinator at ``url`` for the ``src`` -> ``dst`` link over the last ``window_s``.
 
-    Raises PeerUnreachableError / AuthenticationError from the client,
+    Raises PeerUnreachableError / AuthenticationError / ProtocolError from the client,
     MissingLinkError when the pair has no usable figures, ValidationError when
     ``dst`` is not a registered node.
     """
@@ -128,19 +123,16 @@ async def fetch_link_profile(
     from netopt.wire.client import CoordinatorClient
 
     async with CoordinatorClient(url, token) as client:
-        nodes = await client.get("/api/v1/nodes")
-        answer = await client.get("/api/v1/links", window_s=window_s)
-    known = {str(n.get("node")) for n in nodes.get("nodes", []) if isinstance(n, Mapping)}
+        nodes = await client.nodes()
+        answer = await client.links(window_s)
+    known = {n.node for n in nodes.nodes}
     for name in (src, dst):
         if known and name not in known:
             raise ValidationError(
                 f"node {name!r} is not registered with the coordinator "
                 f"(known: {', '.join(sorted(known))})"
             )
-    links = answer.get("links", [])
-    return link_profile_from_links(
-        links if isinstance(links, list) else [], src, dst, congestion_control
-    )
+    return link_profile_from_links(answer.links, src, dst, congestion_control)
 
 
 def local_node_name(from_node: str | None, config_path: str | None) -> str:

@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from netopt.errors import NetoptError
 from netopt.transfer.coordinator_link import link_profile_from_links
 from netopt.transfer.planner import CongestionControl, LinkProfile
+
+if TYPE_CHECKING:
+    from netopt.wire.answers import NodeView
 
 __all__ = ["CoordinatorRef", "local_address_to", "measured_link", "node_for_address"]
 
@@ -37,21 +40,7 @@ class CoordinatorRef:
     window_s: float = 300.0
 
 
-def _addresses(node: Mapping[str, Any]) -> set[str]:
-    found: set[str] = set()
-    host = node.get("host")
-    if isinstance(host, str):
-        found.add(host)
-    nics = node.get("nics")
-    for nic in nics if isinstance(nics, list) else []:
-        addresses = nic.get("addresses") if isinstance(nic, Mapping) else None
-        for item in addresses if isinstance(addresses, list) else []:
-            if isinstance(item, str):
-                found.add(item.split("/", 1)[0])
-    return found
-
-
-def node_for_address(nodes: Sequence[Mapping[str, Any]], addresses: Sequence[str]) -> str | None:
+def node_for_address(nodes: Sequence[NodeView], addresses: Sequence[str]) -> str | None:
     """The registered node one of ``addresses`` belongs to; None when none (or several) match."""
     wanted = set()
     for address in addresses:
@@ -59,11 +48,7 @@ def node_for_address(nodes: Sequence[Mapping[str, Any]], addresses: Sequence[str
             wanted.add(str(ipaddress.ip_address(address)))
         except ValueError:
             continue
-    matches = {
-        str(n.get("node"))
-        for n in nodes
-        if isinstance(n, Mapping) and isinstance(n.get("node"), str) and _addresses(n) & wanted
-    }
+    matches = {n.node for n in nodes if wanted.intersection(n.addresses())}
     return matches.pop() if len(matches) == 1 else None
 
 
@@ -99,9 +84,7 @@ async def measured_link(
 
     try:
         async with CoordinatorClient(ref.url, ref.token, timeout_s=LOOKUP_TIMEOUT_S) as client:
-            nodes_doc = await client.get("/api/v1/nodes")
-            nodes = nodes_doc.get("nodes", [])
-            nodes = nodes if isinstance(nodes, list) else []
+            nodes = (await client.nodes()).nodes
             server = node_for_address(nodes, await _server_addresses(host))
             if server is None:
                 return f"no node registered with the coordinator has the address {host}"
@@ -109,11 +92,8 @@ async def measured_link(
             this = ref.node or node_for_address(nodes, [local] if local else [])
             if this is None:
                 return f"this node is not registered with the coordinator (address {local})"
-            links_doc = await client.get("/api/v1/links", window_s=ref.window_s)
-        links = links_doc.get("links", [])
-        link, notes = link_profile_from_links(
-            links if isinstance(links, list) else [], this, server, congestion_control
-        )
+            links = (await client.links(ref.window_s)).links
+        link, notes = link_profile_from_links(links, this, server, congestion_control)
     except (NetoptError, TimeoutError) as exc:
         return f"coordinator {ref.url}: {exc}"
     return link, notes[0]

@@ -43,7 +43,7 @@ from netopt.errors import (
     ValidationError,
 )
 from netopt.tlsconf import client_ssl, disconnect_hint, explain_tls_failure
-from netopt.wire.answers import NodePlanAnswer
+from netopt.wire.answers import LinksAnswer, NodePlanAnswer, NodesAnswer
 from netopt.wire.fields import RequestInvalid
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
@@ -219,6 +219,34 @@ class CoordinatorClient:
             return NodePlanAnswer.from_dict(answer)
         except RequestInvalid as exc:
             raise ProtocolError(f"coordinator {self.base_url}: a malformed plan: {exc}") from None
+
+    async def nodes(self) -> NodesAnswer:
+        """``GET /api/v1/nodes``, checked (`NodesAnswer`).
+
+        Raises ProtocolError naming the field when the answer is malformed.
+        """
+        answer = await self.request("GET", "/api/v1/nodes")
+        try:
+            return NodesAnswer.from_dict(answer)
+        except RequestInvalid as exc:
+            raise ProtocolError(
+                f"coordinator {self.base_url}: a malformed nodes answer: {exc}"
+            ) from None
+
+    async def links(self, window_s: float | None = None) -> LinksAnswer:
+        """``GET /api/v1/links`` over the last ``window_s`` seconds (the coordinator's
+        default when None), checked (`LinksAnswer`).
+
+        Raises ProtocolError naming the field when the answer is malformed.
+        """
+        query = None if window_s is None else {"window_s": str(window_s)}
+        answer = await self.request("GET", "/api/v1/links", params=query)
+        try:
+            return LinksAnswer.from_dict(answer)
+        except RequestInvalid as exc:
+            raise ProtocolError(
+                f"coordinator {self.base_url}: a malformed links answer: {exc}"
+            ) from None
 
     async def submit(self, node: str, batch: SummaryBatch) -> dict[str, Any]:
         """Send a batch; ``{"duplicate": true}`` means it was stored before (safe to drop)."""

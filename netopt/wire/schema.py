@@ -90,7 +90,16 @@ class Nic:
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> Nic:
+        """A registration's NIC: unknown keys are refused."""
         r = Reader(data, path)
+        nic = cls.read(r)
+        r.done()
+        return nic
+
+    @classmethod
+    def read(cls, r: Reader) -> Nic:
+        """The NIC's fields from ``r`` (unknown keys left to the caller: an answer ignores
+        what a newer coordinator adds, a request refuses it)."""
         name = r.string("name", max_len=15, pattern=IFNAME_RE)
         addresses = []
         for where, item in r.items("addresses", max_items=MAX_ADDRESSES_PER_NIC, required=False):
@@ -102,7 +111,6 @@ class Nic:
                 raise RequestInvalid(where, f"{item[:64]!r} is not an IP address") from None
         speed = r.number("speed_mbps", ge=0, le=MAX_NIC_MBPS, required=False)
         mtu = r.integer("mtu", ge=68, le=65536, required=False)
-        r.done()
         return cls(name, tuple(addresses), speed, 1500 if mtu is None else mtu)
 
 

@@ -17,6 +17,7 @@ from netopt.cli.coordinator_links import fetch_coordinator_links
 from netopt.cli.doctor_cmd import _from_coordinator
 from netopt.config import LinksSettings, parse_settings
 from netopt.nccl.from_coordinator import links_from_coordinator
+from netopt.wire.answers import LinksAnswer, NodesAnswer
 from netopt.wire.client import CoordinatorClient
 from tests.service.coordinator_helpers import (
     TOKEN,
@@ -116,11 +117,9 @@ def test_doctor_and_nccl_env_share_one_fetch_and_no_yaml_detour(coordinator: str
     assert len(fetched.settings.links) == 2
     assert fetched.notes == ("hk-2<->us-1: no bandwidth figures yet",)
 
-    async def answers() -> tuple[dict[str, object], dict[str, object]]:
+    async def answers() -> tuple[NodesAnswer, LinksAnswer]:
         async with CoordinatorClient(coordinator, TOKEN) as client:
-            return await client.get("/api/v1/nodes"), await client.get(
-                "/api/v1/links", window_s=3600
-            )
+            return await client.nodes(), await client.links(window_s=3600)
 
     nodes, links = asyncio.run(answers())
     document, _ = links_from_coordinator(nodes, links, fetched.settings.measured_at or "")

@@ -19,6 +19,7 @@ from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
 from netopt.transfer.linklookup import CoordinatorRef, node_for_address
+from netopt.wire.answers import NodesAnswer
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +40,12 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_node_for_address_matches_hosts_and_nic_addresses() -> None:
-    nodes = [
-        {"node": "a", "host": "10.0.0.1", "nics": [{"addresses": ["192.168.1.5/24"]}]},
-        {"node": "b", "host": "10.0.0.2", "nics": "junk"},
-        {"node": 7, "host": "10.0.0.9"},
-    ]
+    nodes = NodesAnswer.from_dict({"nodes": [
+        {"node": "a", "region": "x", "state": "live", "host": "10.0.0.1",
+         "nics": [{"name": "eth0", "addresses": ["192.168.1.5/24"]}]},
+        {"node": "b", "region": "x", "state": "live", "host": "10.0.0.2"},
+        {"node": "c", "region": "x", "state": "left"},
+    ]}).nodes  # fmt: skip
     assert node_for_address(nodes, ["192.168.1.5"]) == "a"
     assert node_for_address(nodes, ["10.0.0.2"]) == "b"
     assert node_for_address(nodes, ["10.0.0.9", "not an address"]) is None

@@ -94,11 +94,18 @@ def test_config_show_never_prints_a_token(tmp_path: Path) -> None:
 
 def test_doctor_reaches_a_peer_at_its_registered_address_not_its_loopback() -> None:
     from netopt.cli.doctor_cmd import _peer_address
+    from netopt.wire.answers import NodeView
+    from netopt.wire.fields import Reader
 
-    lo_first = {"nics": [{"name": "lo", "addresses": ["127.0.0.1/8"]},
+    lo_first = {"node": "b", "region": "eu", "state": "live",
+                "nics": [{"name": "lo", "addresses": ["127.0.0.1/8"]},
                          {"name": "eth0", "addresses": ["198.18.0.7/24"]}]}  # fmt: skip
-    assert _peer_address(lo_first) == "198.18.0.7"
-    assert _peer_address({**lo_first, "host": "198.18.9.9"}) == "198.18.9.9"
-    assert _peer_address({**lo_first, "host": "127.0.0.1"}) == "198.18.0.7"
-    assert _peer_address({"host": "127.0.0.1", "nics": []}) == "127.0.0.1"  # all it has
-    assert _peer_address({"nics": []}) is None
+
+    def peer(data: dict[str, object]) -> str | None:
+        return _peer_address(NodeView.read(Reader(data)))
+
+    assert peer(lo_first) == "198.18.0.7"
+    assert peer({**lo_first, "host": "198.18.9.9"}) == "198.18.9.9"
+    assert peer({**lo_first, "host": "127.0.0.1"}) == "198.18.0.7"
+    assert peer({**lo_first, "host": "127.0.0.1", "nics": []}) == "127.0.0.1"  # all it has
+    assert peer({**lo_first, "nics": []}) is None

@@ -32,6 +32,8 @@ from netopt.transfer.planner import (
     plan_transfer,
 )
 from netopt.transfer.profile import cpu_profile_from_dict, cpu_profile_to_dict
+from netopt.wire.answers import LinkView
+from netopt.wire.fields import Reader
 
 MB = 1e6
 LINK = LinkProfile(rate_bps=100e6, rtt_ms=80, loss_ratio=0.01, congestion_control="bbr")
@@ -111,14 +113,17 @@ def test_cpu_profile_keeps_startup_and_reads_version_2() -> None:
     assert cpu_profile_from_dict(old).startup_s == 0.0
 
 
-def _entry(src: str, dst: str, **bandwidth: float | None) -> dict[str, object]:
-    return {
-        "src": src,
-        "dst": dst,
-        "latest": {"rtt_p50_ms": 81.0},
-        "window": {"rtt_p50_ms": {"p50": 80.5, "p90": 82.0, "p99": 90.0}, "loss_ratio": 0.01},
-        "bandwidth": {"single_stream_bps": None, "aggregate_bps": None, **bandwidth},
-    }
+def _entry(src: str, dst: str, **bandwidth: float | None) -> LinkView:
+    """One entry of a coordinator's ``/api/v1/links`` answer, read as the client reads it."""
+    return LinkView.read(
+        Reader({
+            "src": src,
+            "dst": dst,
+            "latest": {"rtt_p50_ms": 81.0},
+            "window": {"rtt_p50_ms": {"p50": 80.5, "p90": 82.0, "p99": 90.0}, "loss_ratio": 0.01},
+            "bandwidth": {"single_stream_bps": None, "aggregate_bps": None, **bandwidth},
+        })
+    )  # fmt: skip
 
 
 def test_coordinator_link_figures() -> None:
