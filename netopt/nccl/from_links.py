@@ -7,10 +7,16 @@ tuner; this module turns its validated specs into :class:`NodeInfo` and
 
 from __future__ import annotations
 
-from netopt.config.links import LinkPairSpec, LinksSettings
+from netopt.config.links import LinkPairSpec, LinksSettings, NicSpec
 from netopt.nccl.model import LinkFigures, Nic, NodeInfo
 
-__all__ = ["link_figures", "node_infos", "pair_figures"]
+__all__ = ["link_figures", "nic_from_spec", "node_infos", "pair_figures"]
+
+
+def nic_from_spec(spec: NicSpec) -> Nic:
+    """A links file's NIC (``config.links.NicSpec``, checked by the loader) as the one
+    NIC type (``wire.schema.Nic``); a file gives no MTU, so it is the default."""
+    return Nic(spec.name, spec.addresses, spec.speed_mbps, rdma=spec.rdma)
 
 
 def node_infos(links: LinksSettings) -> tuple[NodeInfo, ...]:
@@ -19,7 +25,7 @@ def node_infos(links: LinksSettings) -> tuple[NodeInfo, ...]:
         NodeInfo(
             name=name,
             region=spec.region,
-            nics=tuple(Nic(n.name, n.addresses, n.speed_mbps, n.rdma) for n in spec.nics),
+            nics=tuple(nic_from_spec(n) for n in spec.nics),
         )
         for name, spec in links.nodes.items()
     )

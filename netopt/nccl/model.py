@@ -9,7 +9,6 @@ a one-line reason, which the env file prints as a comment.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from types import MappingProxyType
 from netopt.errors import ValidationError
 from netopt.nccl.fewer_syncs import Accumulation, Averaging
 from netopt.nccl.rankorder import RankOrder
+from netopt.wire.schema import Nic  # the one NIC type (re-exported: the tuner's input)
 
 __all__ = [
     "DEFAULT_MESSAGE_SIZES_BYTES",
@@ -52,31 +52,6 @@ def parse_version(text: str, what: str = "NCCL version") -> NcclVersion:
     if not match:
         raise ValidationError(f"{what} {text!r} is not MAJOR.MINOR[.PATCH] (for example 2.21.5)")
     return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
-
-
-@dataclass(frozen=True)
-class Nic:
-    """One network interface of a node, as ``ip -j addr`` shows it.
-
-    ``addresses`` are CIDR strings (``10.1.0.11/24``, ``fd00::11/64``); ``rdma`` says
-    whether the NIC offers RDMA (InfiniBand/RoCE); ``speed_mbps`` is the link speed
-    the NIC reports, if known.
-    """
-
-    name: str
-    addresses: tuple[str, ...] = ()
-    speed_mbps: float | None = None
-    rdma: bool = False
-
-    def interfaces(self) -> tuple[ipaddress.IPv4Interface | ipaddress.IPv6Interface, ...]:
-        """The addresses parsed; a bare address counts as a host route (/32, /128)."""
-        return tuple(ipaddress.ip_interface(a) for a in self.addresses)
-
-    def families(self) -> frozenset[int]:
-        """IP versions (4, 6) with a usable address: not loopback, not link-local."""
-        return frozenset(
-            i.version for i in self.interfaces() if not (i.is_loopback or i.is_link_local)
-        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from netopt.errors import ValidationError
-from netopt.webshell import parse_json_document
 
 __all__ = ["Reader", "RequestInvalid", "check_number", "parse_json_body", "string_schema"]
 
@@ -32,6 +31,10 @@ class RequestInvalid(ValidationError):
 def parse_json_body(raw: bytes) -> Any:
     """Decode a UTF-8 JSON document; RequestInvalid for bad encoding, syntax, NaN, deep
     nesting or an integer over Python's digit limit."""
+    # Imported here: webshell brings aiohttp, and the readers (and the `Nic` the NCCL
+    # tuner uses) must not cost `nccl-env --links` or a plan an aiohttp import.
+    from netopt.webshell import parse_json_document
+
     try:
         return parse_json_document(raw)
     except ValidationError as exc:

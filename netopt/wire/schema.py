@@ -81,12 +81,40 @@ def _name(reader: Reader, key: str) -> str:
 
 @dataclass(frozen=True)
 class Nic:
-    """A network interface: name, addresses (``ip`` or ``ip/prefix``), speed, MTU."""
+    """One network interface of a node: its name, addresses (``ip`` or ``ip/prefix``,
+    as ``ip -j addr`` shows them), speed, MTU, and whether it offers RDMA.
+
+    The one NIC type: an agent's registration carries it (`to_wire` / `from_dict`:
+    name, addresses, speed, MTU; ``rdma`` is no part of the registration's wire
+    format), the coordinator's ``/api/v1/nodes`` answer returns it (`read`), and the
+    NCCL tuner reads it (``netopt.nccl.model`` re-exports it; a links file's
+    ``config.links.NicSpec`` becomes one in ``nccl.from_links``, the one edge).
+    """
 
     name: str
     addresses: tuple[str, ...] = ()
     speed_mbps: float | None = None
     mtu: int = 1500
+    rdma: bool = False
+
+    def interfaces(self) -> tuple[ipaddress.IPv4Interface | ipaddress.IPv6Interface, ...]:
+        """The addresses parsed; a bare address counts as a host route (/32, /128)."""
+        return tuple(ipaddress.ip_interface(a) for a in self.addresses)
+
+    def families(self) -> frozenset[int]:
+        """IP versions (4, 6) with a usable address: not loopback, not link-local."""
+        return frozenset(
+            i.version for i in self.interfaces() if not (i.is_loopback or i.is_link_local)
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The NIC as a registration sends it: name, addresses, speed, MTU."""
+        return {
+            "name": self.name,
+            "addresses": list(self.addresses),
+            "speed_mbps": self.speed_mbps,
+            "mtu": self.mtu,
+        }
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> Nic:
@@ -111,7 +139,7 @@ class Nic:
                 raise RequestInvalid(where, f"{item[:64]!r} is not an IP address") from None
         speed = r.number("speed_mbps", ge=0, le=MAX_NIC_MBPS, required=False)
         mtu = r.integer("mtu", ge=68, le=65536, required=False)
-        return cls(name, tuple(addresses), speed, 1500 if mtu is None else mtu)
+        return cls(name, tuple(addresses), speed, mtu=1500 if mtu is None else mtu)
 
 
 @dataclass(frozen=True)
@@ -152,7 +180,7 @@ class Registration:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able request body."""
         data = asdict(self)
-        data["nics"] = [{**asdict(n), "addresses": list(n.addresses)} for n in self.nics]
+        data["nics"] = [n.to_wire() for n in self.nics]
         return data
 
 

@@ -18,7 +18,7 @@ TORCH_OLD = (2, 1, 2)
 
 
 def nic(name: str, *addresses: str, speed_mbps: float | None = None, rdma: bool = False) -> Nic:
-    return Nic(name, tuple(addresses), speed_mbps, rdma)
+    return Nic(name, tuple(addresses), speed_mbps, rdma=rdma)
 
 
 def node(name: str, region: str, *nics: Nic) -> NodeInfo:
