@@ -29,7 +29,7 @@ __all__ = ["demo"]
 @click.option(
     "--loopback",
     is_flag=True,
-    help="Run on loopback even with root (links emulated by user-space relays).",
+    help="Run on loopback even with root (links emulated by user-space proxies).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int:
@@ -37,7 +37,7 @@ def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int
 
     With root: a lab of hk-1, hk-2, hk-3 (Hong Kong) and us-1 (US) joined by a
     100 Mbit/s, 80 ms RTT, 0.5%-loss link. Without root: the same on loopback, the
-    link emulated by user-space relays.
+    link emulated by user-space proxies.
     """
     import importlib.util
 

@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 # Logs under the server's name, as it did before this module was split from it.
-log = logging.getLogger("netopt.dataplane.handlers")
+log = logging.getLogger(__name__)
 
 MAX_ZSTD_LEVEL = 19
 STREAM_LINE_BYTES = STREAM_NAME_LINE_BYTES + 3

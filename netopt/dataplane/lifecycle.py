@@ -32,7 +32,7 @@ from netopt.transfer.profile import load_cpu_profile
 
 __all__ = ["default_frames_dir", "run_serve"]
 
-log = logging.getLogger("netopt.serve")
+log = logging.getLogger(__name__)
 
 
 def default_frames_dir() -> Path:

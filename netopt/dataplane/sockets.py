@@ -17,7 +17,6 @@ from typing import Any
 from netopt.errors import DependencyError
 
 __all__ = [
-    "congestion_control_of",
     "set_congestion_control",
     "set_user_timeout",
     "try_congestion_control",
@@ -54,15 +53,6 @@ def try_congestion_control(sock: socket.socket, name: str) -> bool:
         log.debug("%s; the node's default runs", exc)
         return False
     return True
-
-
-def congestion_control_of(sock: socket.socket) -> str | None:
-    """The congestion control ``sock`` runs, or None where it cannot be read."""
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_CONGESTION, 16)
-    except OSError:
-        return None
-    return raw.split(b"\0", 1)[0].decode() or None
 
 
 def set_user_timeout(sock: Any, timeout_s: float) -> bool:

@@ -28,7 +28,7 @@ from netopt.dataplane.syncrun import SyncRun, bounded_inflight
 from netopt.errors import NetworkError, ValidationError
 
 # Logs under the sync engine's name, as it did before this module was split from it.
-log = logging.getLogger("netopt.dataplane.sync")
+log = logging.getLogger(__name__)
 
 __all__ = ["Asked", "stream_worker"]
 

@@ -38,7 +38,7 @@ from netopt.transfer.manifest import FileEntry, Manifest
 if TYPE_CHECKING:
     from netopt.dataplane.streamwork import Asked
 
-log = logging.getLogger("netopt.dataplane.sync")
+log = logging.getLogger(__name__)
 
 __all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight", "retries_exhausted"]
 

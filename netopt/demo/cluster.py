@@ -5,7 +5,7 @@ node's network namespace (the lab reaps it at teardown); on loopback the site
 stops them. Configuration files and logs live in a work directory of the caller's.
 
 Everything speaks TLS, as on a real cluster: a cluster CA and one certificate per node
-(its address, 127.0.0.1 for the loopback site's relays) are made with ``netopt tls``
+(its address, 127.0.0.1 for the loopback site's proxies) are made with ``netopt tls``
 machinery in ``WORKDIR/tls``; the coordinator is ``https://``, agents and ``netopt serve``
 listen over TLS, and clients get :meth:`Cluster.tls_args`.
 """

@@ -7,7 +7,7 @@ writes the NCCL env file from the measured links, plans a transfer and syncs a
 generated dataset to the three hk nodes at once with region sharing (each chunk
 crosses the border once, then spreads between hk peers); and, for comparison,
 the naive way (each hk node straight from us). Without the privilege it runs
-the same on loopback, with the hk <-> us link emulated by user-space relays, and
+the same on loopback, with the hk <-> us link emulated by user-space proxies, and
 says so. Everything it measured goes to ``REPORT_DIR/report.json``, with PNG
 plots of the link matrix and the transfer timeline.
 """
@@ -108,7 +108,7 @@ def _site(options: DemoOptions, say: Say) -> Iterator[tuple[Site, Lab | None]]:
     reason = "asked for" if options.loopback else "no CAP_NET_ADMIN (not root)"
     say(
         f"running on loopback ({reason}): the hk <-> us link is emulated in user space by "
-        "relays (delay and rate for TCP, also loss for UDP; TCP sees no packet loss), and "
+        "proxies (delay and rate for TCP, also loss for UDP; TCP sees no packet loss), and "
         "the agents' own mesh probes run on plain loopback"
     )
     regions = {region: spec.nodes for region, spec in topology.regions.items()}
@@ -220,7 +220,7 @@ def _measure_bandwidth(
         }
     # On loopback the agents' mesh probes do not cross the user-space link; the figures
     # of this run's probes, which do, stand in for the cross-region pairs.
-    relayed = not isinstance(site, LabSite)
+    proxied = not isinstance(site, LabSite)
     pairs = []
     for (src, dst), figures in sorted(links.items()):
         latest = figures["latest"] or {}
@@ -229,10 +229,10 @@ def _measure_bandwidth(
         key = frozenset((site.region_of(src), site.region_of(dst)))
         single, aggregate = measured[key]
         rtt_ms, loss_ratio = latest["rtt_p50_ms"], figures["window"]["loss_ratio"] or 0.0
-        if relayed and len(key) == 2 and probed[key][0] is not None:
+        if proxied and len(key) == 2 and probed[key][0] is not None:
             rtt_ms, loss_ratio = probed[key]
         pairs.append(PairFigures(src, dst, rtt_ms, loss_ratio, single, max(aggregate, single)))
-    if relayed:
+    if proxied:
         report.notes.append(
             "loopback: cross-region RTT and loss come from the demo's probes through the "
             "user-space link, not from the agents' mesh (which runs on plain loopback)"
@@ -339,8 +339,8 @@ def _transfer(
     cluster.serve(origin_node, origin, "demo-data", SERVE_PORT)
 
     def url_for(node: str) -> str:
-        host, relay_port = site.endpoint(node, origin_node, SERVE_PORT)
-        return f"netopt://{host}:{relay_port}/demo-data"
+        host, proxy_port = site.endpoint(node, origin_node, SERVE_PORT)
+        return f"netopt://{host}:{proxy_port}/demo-data"
 
     link = ["--link-rate-mbps", f"{cross.link_mbps:.3f}",
             "--link-loss", f"{min(cross.loss_ratio, 0.5):.6f}"]  # fmt: skip
@@ -376,7 +376,7 @@ def _transfer(
         "naive_per_node_bytes": naive_bytes,
         "hk_nodes": len(far),
         "counted": "IP packets on the lab link, both directions" if isinstance(site, LabSite)
-                   else "payload bytes through the user-space relays, both directions",
+                   else "payload bytes through the user-space proxies, both directions",
     }  # fmt: skip
     return spans
 

@@ -5,7 +5,7 @@ node's service listens, and where another node reaches it (:meth:`Site.endpoint`
 :class:`LabSite` wraps a running lab (each node its own namespace and address,
 the same ports everywhere, links emulated by the lab); :class:`LoopbackSite` puts
 every node on 127.0.0.1 with its own ports, for machines without root, and
-emulates inter-region links with user-space relays (:mod:`netopt.lab.userlink`).
+emulates inter-region links with user-space proxies (:mod:`netopt.lab.userlink`).
 """
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ class LabSite:
 
 class LoopbackSite:
     """Every node on 127.0.0.1; node i's ports are ``base + 100 * i``. Use as a context
-    manager: leaving it kills every process it started and stops its link relays.
+    manager: leaving it kills every process it started and stops its link proxies.
 
     ``links`` maps a region pair (either order) to the link shape between them:
-    :meth:`endpoint` then sends cross-region traffic through a user-space relay
+    :meth:`endpoint` then sends cross-region traffic through a user-space proxy
     with that link's delay, rate and (UDP only) loss. Without it, nothing is emulated.
     Raises ValidationError for a link naming an unknown region or one region twice.
     """
@@ -127,10 +127,10 @@ class LoopbackSite:
                 raise ValidationError(f"link {a}-{b} names one region twice")
             self._links[frozenset((a, b))] = shape
         self._seed = seed
-        self._relays: UserLinks | None = None
-        # (src region, dst node, base port) -> (relay port, dst region)
-        self._relay_ports: dict[tuple[str, str, int], tuple[int, str]] = {}
-        self._relay_lock = threading.Lock()
+        self._proxies: UserLinks | None = None
+        # (src region, dst node, base port) -> (proxy port, dst region)
+        self._proxy_ports: dict[tuple[str, str, int], tuple[int, str]] = {}
+        self._proxy_lock = threading.Lock()
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -149,9 +149,9 @@ class LoopbackSite:
         """Where ``src_node`` reaches ``dst_node``'s service on ``base_port``.
 
         The service's own port within a region (or where no link is configured);
-        across regions, the port of a relay (TCP and UDP on one number) that
+        across regions, the port of a proxy (TCP and UDP on one number) that
         emulates the link, started on first use and shared by the source region's
-        nodes. Raises KeyError for an unknown node, LabError when no relay starts.
+        nodes. Raises KeyError for an unknown node, LabError when no proxy starts.
         """
         src_region, dst_region = self.region_of(src_node), self.region_of(dst_node)
         direct = self.port(dst_node, base_port)
@@ -159,28 +159,28 @@ class LoopbackSite:
         if src_region == dst_region or shape is None:
             return "127.0.0.1", direct
         key = (src_region, dst_node, base_port)
-        with self._relay_lock:
-            if key not in self._relay_ports:
-                if self._relays is None:
-                    self._relays = UserLinks(seed=self._seed)
-                port = self._relays.add("127.0.0.1", direct, shape, link=(src_region, dst_region))
-                self._relay_ports[key] = (port, dst_region)
-            return "127.0.0.1", self._relay_ports[key][0]
+        with self._proxy_lock:
+            if key not in self._proxy_ports:
+                if self._proxies is None:
+                    self._proxies = UserLinks(seed=self._seed)
+                port = self._proxies.add("127.0.0.1", direct, shape, link=(src_region, dst_region))
+                self._proxy_ports[key] = (port, dst_region)
+            return "127.0.0.1", self._proxy_ports[key][0]
 
     def border_bytes(self, region_a: str, region_b: str) -> int:
-        """Payload bytes (TCP and UDP, no headers) the relays between two regions carried,
-        both directions, since they started; 0 before any relay exists."""
+        """Payload bytes (TCP and UDP, no headers) the proxies between two regions carried,
+        both directions, since they started; 0 before any proxy exists."""
         wanted = frozenset((region_a, region_b))
-        with self._relay_lock:
-            relays = self._relays
+        with self._proxy_lock:
+            proxies = self._proxies
             ports = [
                 port
-                for (src_region, _, _), (port, dst_region) in self._relay_ports.items()
+                for (src_region, _, _), (port, dst_region) in self._proxy_ports.items()
                 if frozenset((src_region, dst_region)) == wanted and region_a != region_b
             ]
-        if relays is None:
+        if proxies is None:
             return 0
-        return sum(relays.counters(port).bytes for port in ports)
+        return sum(proxies.counters(port).bytes for port in ports)
 
     def exec(
         self, node: str, argv: Sequence[str], *, timeout_s: float | None = 60.0, check: bool = True
@@ -204,7 +204,7 @@ class LoopbackSite:
 
     def close(self) -> None:
         """Stop every process started here (SIGTERM, then SIGKILL after 10 s), then
-        every link relay."""
+        every link proxy."""
         for proc in self._procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -217,11 +217,11 @@ class LoopbackSite:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         self._procs.clear()
-        with self._relay_lock:
-            relays, self._relays = self._relays, None
-            self._relay_ports.clear()
-        if relays is not None:
-            relays.close()
+        with self._proxy_lock:
+            proxies, self._proxies = self._proxies, None
+            self._proxy_ports.clear()
+        if proxies is not None:
+            proxies.close()
 
     def __enter__(self) -> LoopbackSite:
         return self

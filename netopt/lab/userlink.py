@@ -1,7 +1,7 @@
-"""User-space link emulation on loopback: TCP and UDP relays with delay, rate and loss.
+"""User-space link emulation on loopback: TCP and UDP proxies with delay, rate and loss.
 
 Without CAP_NET_ADMIN there is no netem and no TUN device, so the unprivileged
-demo cannot shape packets. The nearest real thing is a relay: it listens on
+demo cannot shape packets. The nearest real thing is a proxy: it listens on
 127.0.0.1 and forwards to a target, holding each chunk of bytes (TCP) or each
 datagram (UDP) back as a link would. One direction of a link is a
 :class:`LinkClock` (pure; the clock and random draws are arguments):
@@ -10,10 +10,10 @@ datagram (UDP) back as a link would. One direction of a link is a
   free plus its size over the rate; ``queue_bytes`` bound what may wait for it;
 - a one-way delay (plus uniform ``±jitter``) after that; arrivals keep order;
 - random loss, for datagrams only: TCP cannot lose bytes above the socket API,
-  so a TCP stream gets delay and rate, and a full queue stops the relay reading
+  so a TCP stream gets delay and rate, and a full queue stops the proxy reading
   from its source (TCP back-pressure) instead of dropping.
 
-:class:`UserLink` is one relay (a TCP listener and a UDP socket on the same port
+:class:`UserLink` is one proxy (a TCP listener and a UDP socket on the same port
 number) in the running event loop; :class:`UserLinks` runs a set of them in a
 background thread for synchronous callers. Counters are payload bytes (no
 TCP/UDP/IP headers), counted when handed on to the far side.
@@ -33,12 +33,12 @@ from typing import Any, TypeVar
 from netopt.config.lab import LinkShape
 from netopt.errors import LabError
 from netopt.lab.emulator import DROP_LOSS, DROP_QUEUE, DirectionShape
-from netopt.lab.userlink_relay import RelayStats, TcpRelay, UdpRelay
+from netopt.lab.userlink_proxy import ProxyStats, TcpProxy, UdpProxy
 
 __all__ = [
     "DirectionTotals",
     "LinkClock",
-    "RelayCounters",
+    "ProxyCounters",
     "UserLink",
     "UserLinks",
 ]
@@ -50,7 +50,7 @@ _T = TypeVar("_T")
 class LinkClock:
     """One direction of an emulated link: decides when bytes arrive, or that they are lost.
 
-    Not thread-safe; relays sharing a link direction share one clock (in one event loop).
+    Not thread-safe; proxies sharing a link direction share one clock (in one event loop).
     """
 
     __slots__ = ("_busy_until_ns", "_last_arrival_ns", "_ns_per_byte", "shape")
@@ -120,7 +120,7 @@ class LinkClock:
 
 @dataclass(frozen=True)
 class DirectionTotals:
-    """What one direction of a relay handed on and dropped (payload bytes)."""
+    """What one direction of a proxy handed on and dropped (payload bytes)."""
 
     tcp_bytes: int = 0
     udp_bytes: int = 0
@@ -140,8 +140,8 @@ class DirectionTotals:
 
 
 @dataclass(frozen=True)
-class RelayCounters:
-    """A relay's counters: ``forward`` is client -> target, ``backward`` target -> client."""
+class ProxyCounters:
+    """A proxy's counters: ``forward`` is client -> target, ``backward`` target -> client."""
 
     tcp_connections: int
     tcp_open: int
@@ -156,18 +156,18 @@ class RelayCounters:
         return self.forward.bytes + self.backward.bytes
 
 
-def _totals(stats: RelayStats, forward: bool) -> DirectionTotals:
+def _totals(stats: ProxyStats, forward: bool) -> DirectionTotals:
     d = stats.forward if forward else stats.backward
     return DirectionTotals(d.tcp_bytes, d.udp_bytes, d.udp_datagrams, d.drops_loss, d.drops_queue)
 
 
 class UserLink:
-    """One relay: ``127.0.0.1:port`` (TCP and UDP) forwarded to ``target`` through a link.
+    """One proxy: ``127.0.0.1:port`` (TCP and UDP) forwarded to ``target`` through a link.
 
     Create with :meth:`open` inside a running event loop; :meth:`close` stops it.
     """
 
-    def __init__(self, tcp: TcpRelay, udp: UdpRelay | None, stats: RelayStats) -> None:
+    def __init__(self, tcp: TcpProxy, udp: UdpProxy | None, stats: ProxyStats) -> None:
         self._tcp = tcp
         self._udp = udp
         self._stats = stats
@@ -187,28 +187,28 @@ class UserLink:
     ) -> UserLink:
         """Listen on a free port of ``listen_host`` (the same number for TCP and UDP).
 
-        ``forward``/``backward`` share a link direction with other relays (default:
-        clocks of this relay's own, from ``shape``). Raises ValueError for an
+        ``forward``/``backward`` share a link direction with other proxies (default:
+        clocks of this proxy's own, from ``shape``). Raises ValueError for an
         impossible shape and LabError when no port can be bound.
         """
         forward = forward or LinkClock.from_link(shape)
         backward = backward or LinkClock.from_link(shape)
         rng = random.Random(seed)
-        stats = RelayStats()
+        stats = ProxyStats()
         target = (target_host, target_port)
         for _ in range(50):
-            tcp = await TcpRelay.start(listen_host, 0, target, forward, backward, rng, stats)
+            tcp = await TcpProxy.start(listen_host, 0, target, forward, backward, rng, stats)
             if not udp:
                 return cls(tcp, None, stats)
             try:
-                udp_relay = UdpRelay.start(listen_host, tcp.port, target, forward, backward, rng,
+                udp_proxy = UdpProxy.start(listen_host, tcp.port, target, forward, backward, rng,
                                            stats)  # fmt: skip
             except OSError as exc:
                 await tcp.close()
                 if exc.errno != errno.EADDRINUSE:
                     raise LabError(f"user link: cannot bind UDP {listen_host}: {exc}") from exc
                 continue
-            return cls(tcp, udp_relay, stats)
+            return cls(tcp, udp_proxy, stats)
         raise LabError(f"user link: no port on {listen_host} free for both TCP and UDP")
 
     @property
@@ -216,10 +216,10 @@ class UserLink:
         """The port clients connect to (TCP) or send to (UDP)."""
         return self._tcp.port
 
-    def counters(self) -> RelayCounters:
-        """A snapshot of the counters (call from the relay's event loop thread)."""
+    def counters(self) -> ProxyCounters:
+        """A snapshot of the counters (call from the proxy's event loop thread)."""
         s = self._stats
-        return RelayCounters(
+        return ProxyCounters(
             tcp_connections=s.tcp_connections,
             tcp_open=s.tcp_open,
             tcp_connect_failures=s.tcp_connect_failures,
@@ -229,16 +229,16 @@ class UserLink:
         )
 
     async def close(self) -> None:
-        """Close the listeners, every relayed connection and every UDP socket."""
+        """Close the listeners, every proxied connection and every UDP socket."""
         if self._udp is not None:
             self._udp.close()
         await self._tcp.close()
 
 
 class UserLinks:
-    """A set of :class:`UserLink` relays in a background thread with its own event loop.
+    """A set of :class:`UserLink` proxies in a background thread with its own event loop.
 
-    Use as a context manager (or call :meth:`close`). Relays added with the same
+    Use as a context manager (or call :meth:`close`). Proxies added with the same
     ``link`` (a ``(src_label, dst_label)`` pair such as ``("hk", "us")``) share
     that link's clocks: they compete for one link's rate, as on one wire.
     """
@@ -275,10 +275,10 @@ class UserLinks:
         link: tuple[str, str] | None = None,
         udp: bool = True,
     ) -> int:
-        """Start a relay to ``target_host:target_port``; returns its port on the listen host.
+        """Start a proxy to ``target_host:target_port``; returns its port on the listen host.
 
         With ``link=(a, b)`` traffic to the target uses direction ``a -> b`` of that
-        shared link (the first relay's ``shape`` makes it) and replies ``b -> a``.
+        shared link (the first proxy's ``shape`` makes it) and replies ``b -> a``.
         Raises ValueError for an impossible shape, LabError when it cannot bind.
         """
         forward = backward = None
@@ -286,34 +286,34 @@ class UserLinks:
             forward = self._clock(link, shape)
             backward = self._clock((link[1], link[0]), shape)
         seed = self._seed * 1_000_003 + len(self._links)
-        relay = self._call(
+        proxy = self._call(
             UserLink.open(target_host, target_port, shape, listen_host=self._listen_host,
                           seed=seed, udp=udp, forward=forward, backward=backward)
         )  # fmt: skip
-        self._links[relay.port] = relay
-        return relay.port
+        self._links[proxy.port] = proxy
+        return proxy.port
 
-    def counters(self, port: int) -> RelayCounters:
-        """Counters of the relay on ``port``; KeyError for an unknown port."""
-        relay = self._links[port]
+    def counters(self, port: int) -> ProxyCounters:
+        """Counters of the proxy on ``port``; KeyError for an unknown port."""
+        proxy = self._links[port]
 
-        async def snapshot() -> RelayCounters:
-            return relay.counters()
+        async def snapshot() -> ProxyCounters:
+            return proxy.counters()
 
         return self._call(snapshot())
 
     @property
     def ports(self) -> tuple[int, ...]:
-        """Every relay's port, in the order they were added."""
+        """Every proxy's port, in the order they were added."""
         return tuple(self._links)
 
     def close(self) -> None:
-        """Stop every relay and the loop thread; idempotent."""
+        """Stop every proxy and the loop thread; idempotent."""
         if self._closed:
             return
 
         async def close_all() -> None:
-            await asyncio.gather(*(relay.close() for relay in self._links.values()))
+            await asyncio.gather(*(proxy.close() for proxy in self._links.values()))
 
         try:
             self._call(close_all())

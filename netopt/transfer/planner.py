@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from netopt.errors import ValidationError
 from netopt.tcpmath import is_loss_based, tcp_flow_ceiling_bps
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "CongestionControl",
     "CpuProfile",
     "LinkProfile",
+    "PlanInputError",
     "SampleProfile",
     "TransferPlan",
     "cpu_rate_bps",
@@ -80,6 +82,12 @@ MIN_CHUNK_BYTES = 256 * 1024
 MAX_CHUNK_BYTES = 8 * 1024 * 1024
 
 
+class PlanInputError(ValidationError, ValueError):
+    """A planner input out of range (a link's rate, RTT or loss; a size, a start-up, a
+    stream count): in the error tree (exit code 2), and a ValueError still for callers
+    that catch one."""
+
+
 @dataclass(frozen=True)
 class LinkProfile:
     """A path between two nodes, as measured (or as configured in the lab)."""
@@ -95,11 +103,11 @@ class LinkProfile:
 
     def __post_init__(self) -> None:
         if self.rate_bps <= 0:
-            raise ValueError(f"rate_bps must be > 0, got {self.rate_bps}")
+            raise PlanInputError(f"rate_bps must be > 0, got {self.rate_bps}")
         if self.rtt_ms <= 0:
-            raise ValueError(f"rtt_ms must be > 0, got {self.rtt_ms}")
+            raise PlanInputError(f"rtt_ms must be > 0, got {self.rtt_ms}")
         if not 0 <= self.loss_ratio < 1:
-            raise ValueError(f"loss_ratio must be in [0, 1), got {self.loss_ratio}")
+            raise PlanInputError(f"loss_ratio must be in [0, 1), got {self.loss_ratio}")
 
     @property
     def bdp_bytes(self) -> float:
@@ -297,14 +305,15 @@ def plan_transfer(
     bandwidth-delay product (256 KiB to 8 MiB). The predicted time adds
     ``startup_s`` (process start-up, s) and the setup round trips.
 
-    Raises ValueError for a negative size or start-up, or ``max_streams`` < 1.
+    Raises PlanInputError (a ValueError too) for a negative size or start-up, or
+    ``max_streams`` < 1.
     """
     if size_bytes < 0:
-        raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
+        raise PlanInputError(f"size_bytes must be >= 0, got {size_bytes}")
     if startup_s < 0:
-        raise ValueError(f"startup_s must be >= 0, got {startup_s}")
+        raise PlanInputError(f"startup_s must be >= 0, got {startup_s}")
     if max_streams < 1:
-        raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        raise PlanInputError(f"max_streams must be >= 1, got {max_streams}")
     reasons: list[str] = []
     flow_bps = per_flow_ceiling_bps(link)
     reasons.append(

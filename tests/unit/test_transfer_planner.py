@@ -8,9 +8,11 @@ import random
 
 import pytest
 
+from netopt.errors import NetoptError
 from netopt.transfer.planner import (
     CpuProfile,
     LinkProfile,
+    PlanInputError,
     SampleProfile,
     per_flow_ceiling_bps,
     plan_transfer,
@@ -131,7 +133,11 @@ def test_chunk_size_bounds_and_json() -> None:
 
 
 def test_bad_inputs_raise() -> None:
-    with pytest.raises(ValueError, match="rtt_ms"):
+    with pytest.raises(ValueError, match="rtt_ms") as caught:
         LinkProfile(rate_bps=1e6, rtt_ms=0)
+    # In the error tree (a ValidationError, exit code 2) and still a ValueError.
+    assert isinstance(caught.value, PlanInputError)
+    assert isinstance(caught.value, NetoptError)
+    assert caught.value.exit_code == 2
     with pytest.raises(ValueError, match="size_bytes"):
         plan_transfer(-1, SampleProfile({}), LINK_BBR, CPU)

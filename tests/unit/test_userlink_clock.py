@@ -1,4 +1,4 @@
-"""LinkClock: the pure timing decisions behind the user-space link relays."""
+"""LinkClock: the pure timing decisions behind the user-space link proxies."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The sockets behind :mod:`netopt.lab.userlink`: a TCP relay and a UDP relay.
+"""The sockets behind :mod:`netopt.lab.userlink`: a TCP proxy and a UDP proxy.
 
 Both forward what a client sends to one target and the target's replies back,
 each direction through a :class:`~netopt.lab.userlink.LinkClock`, which decides
-when bytes arrive. The TCP relay runs four loops per connection (read and
+when bytes arrive. The TCP proxy runs four loops per connection (read and
 deliver, each way); reading pauses while the link queue is full or too many
-bytes wait in the relay, so a fast sender is slowed by TCP flow control, never
-by unbounded memory. The UDP relay maps each client address to a socket of
+bytes wait in the proxy, so a fast sender is slowed by TCP flow control, never
+by unbounded memory. The UDP proxy maps each client address to a socket of
 its own towards the target (so replies find their way back) and delivers
 datagrams from a time-ordered outbox per direction.
 """
@@ -26,7 +26,7 @@ from netopt.lab.emulator import DROP_LOSS
 if TYPE_CHECKING:
     from netopt.lab.userlink import LinkClock
 
-__all__ = ["FlowStats", "RelayStats", "TcpRelay", "UdpRelay"]
+__all__ = ["FlowStats", "ProxyStats", "TcpProxy", "UdpProxy"]
 
 _CHUNK_BYTES = 64 * 1024
 _CONNECT_TIMEOUT_S = 10.0
@@ -44,7 +44,7 @@ def _now_ns() -> int:
 
 @dataclass
 class FlowStats:
-    """Mutable counters of one relay direction (the relay updates them in place)."""
+    """Mutable counters of one proxy direction (the proxy updates them in place)."""
 
     tcp_bytes: int = 0
     udp_bytes: int = 0
@@ -54,8 +54,8 @@ class FlowStats:
 
 
 @dataclass
-class RelayStats:
-    """Mutable counters of one relay: connections and both directions."""
+class ProxyStats:
+    """Mutable counters of one proxy: connections and both directions."""
 
     forward: FlowStats = field(default_factory=FlowStats)
     backward: FlowStats = field(default_factory=FlowStats)
@@ -83,7 +83,7 @@ class _Pipe:
         shape = clock.shape
         in_flight_bytes = int(shape.rate_bps / 8 * (shape.delay_ns + shape.jitter_ns) / 1e9)
         # Read while the queue and the bytes in flight fit: enough to fill the
-        # link, bounded so a stalled receiver cannot grow the relay's memory.
+        # link, bounded so a stalled receiver cannot grow the proxy's memory.
         self._max_pending_bytes = shape.queue_bytes + in_flight_bytes + _CHUNK_BYTES
         self._min_read_bytes = max(1, min(_CHUNK_BYTES, shape.queue_bytes // 4))
         self._queued = asyncio.Event()
@@ -136,8 +136,8 @@ class _Pipe:
             self._drained.set()
 
 
-class TcpRelay:
-    """A TCP listener whose every connection is relayed to ``target`` through two clocks."""
+class TcpProxy:
+    """A TCP listener whose every connection is proxied to ``target`` through two clocks."""
 
     def __init__(
         self,
@@ -145,7 +145,7 @@ class TcpRelay:
         forward: LinkClock,
         backward: LinkClock,
         rng: random.Random,
-        stats: RelayStats,
+        stats: ProxyStats,
     ) -> None:
         self._target, self._forward, self._backward = target, forward, backward
         self._rng, self._stats = rng, stats
@@ -164,16 +164,16 @@ class TcpRelay:
         forward: LinkClock,
         backward: LinkClock,
         rng: random.Random,
-        stats: RelayStats,
-    ) -> TcpRelay:
+        stats: ProxyStats,
+    ) -> TcpProxy:
         """Listen on ``host:port`` (0: a free port); LabError when it cannot."""
-        relay = cls(target, forward, backward, rng, stats)
+        proxy = cls(target, forward, backward, rng, stats)
         try:
-            relay._server = await asyncio.start_server(relay._handle, host, port)
+            proxy._server = await asyncio.start_server(proxy._handle, host, port)
         except OSError as exc:
             raise LabError(f"user link: cannot listen on {host}:{port}: {exc}") from exc
-        relay._port = int(relay._server.sockets[0].getsockname()[1])
-        return relay
+        proxy._port = int(proxy._server.sockets[0].getsockname()[1])
+        return proxy
 
     @property
     def port(self) -> int:
@@ -181,21 +181,21 @@ class TcpRelay:
         return self._port
 
     def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # The relay runs in a task of ours: asyncio's own task for this callback
+        # The proxy runs in a task of ours: asyncio's own task for this callback
         # must not be cancelled (3.11 reports a cancelled one as an error).
         if self._closing:
             writer.close()
             return
-        task = asyncio.get_running_loop().create_task(self._relay(reader, writer))
+        task = asyncio.get_running_loop().create_task(self._proxy(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            _log.error("user link: a relayed connection failed", exc_info=exc)
+            _log.error("user link: a proxied connection failed", exc_info=exc)
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         stats = self._stats
         stats.tcp_connections += 1
@@ -227,7 +227,7 @@ class TcpRelay:
                     self._writers.discard(each)
 
     async def close(self) -> None:
-        """Stop listening, cut every relayed connection and wait until all are closed."""
+        """Stop listening, cut every proxied connection and wait until all are closed."""
         self._closing = True
         if self._server is not None:
             self._server.close()
@@ -287,8 +287,8 @@ class _Outbox:
         self._queue.clear()
 
 
-class UdpRelay:
-    """A UDP socket relaying datagrams to ``target`` and replies back, through two clocks."""
+class UdpProxy:
+    """A UDP socket proxying datagrams to ``target`` and replies back, through two clocks."""
 
     def __init__(
         self,
@@ -297,7 +297,7 @@ class UdpRelay:
         forward: LinkClock,
         backward: LinkClock,
         rng: random.Random,
-        stats: RelayStats,
+        stats: ProxyStats,
     ) -> None:
         self._sock, self._target = sock, target
         self._forward, self._backward = forward, backward
@@ -317,8 +317,8 @@ class UdpRelay:
         forward: LinkClock,
         backward: LinkClock,
         rng: random.Random,
-        stats: RelayStats,
-    ) -> UdpRelay:
+        stats: ProxyStats,
+    ) -> UdpProxy:
         """Bind ``host:port`` (call in the event loop); OSError when the port is taken."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:

@@ -1,4 +1,4 @@
-"""The one home of setting a socket's congestion control (dataplane/sockets.py)."""
+"""dataplane/sockets.py: the one home of setting a socket's congestion control."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import socket
 
 import pytest
 
-from netopt.dataplane.sockets import (
-    congestion_control_of,
-    set_congestion_control,
-    try_congestion_control,
-)
+from netopt.dataplane.sockets import set_congestion_control, try_congestion_control
 from netopt.errors import DependencyError
+
+
+def congestion_control_of(sock: socket.socket) -> str:
+    """What the kernel runs on ``sock`` (read straight from ``TCP_CONGESTION``)."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+    return raw.split(b"\0", 1)[0].decode()
 
 
 def test_set_and_read_back_on_a_real_socket() -> None:
