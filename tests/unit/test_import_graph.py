@@ -3,7 +3,9 @@ cycle, and the layer order of docs/architecture.md holds (CI runs this)."""
 
 from __future__ import annotations
 
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -49,3 +51,22 @@ def test_every_package_has_a_layer_and_no_edge_points_up_but_the_known_one() -> 
 def test_an_upward_edge_is_found() -> None:
     graph = {"errors": set(), "config": {"errors", "cache"}, "cache": {"config"}}
     assert upward_edges(graph) == [("config", "cache")]
+
+
+def test_the_import_linter_contracts_hold_the_same_layers() -> None:
+    """pyproject.toml's layers contract (what `lint-imports` checks in CI) and LAYERS agree,
+    and its one ignored import is the one known upward edge."""
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    assert layers["containers"] == ["netopt"]
+    assert layers["exhaustive"] is True
+    from_toml = [frozenset(re.split(r"\s*[:|]\s*", line)) for line in layers["layers"]]
+    assert from_toml == list(reversed(LAYERS))  # import-linter lists the top layer first
+    ignored = {
+        tuple(module.split(".")[1] for module in line.split(" -> "))
+        for line in layers["ignore_imports"]
+    }
+    assert ignored == KNOWN_UPWARD
+    (acyclic,) = [c for c in config["contracts"] if c["type"] == "acyclic_siblings"]
+    assert (acyclic["ancestors"], acyclic["depth"]) == (["netopt"], 0)
