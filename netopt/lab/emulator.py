@@ -2,7 +2,10 @@
 
 Everything here is pure over its inputs: the clock (``now_ns``) and the random
 draws are arguments, so the shaping logic is tested without root, TUN devices or
-sleeping. :mod:`netopt.lab.relay` feeds it packets read from TUN devices.
+sleeping. :mod:`netopt.lab.relay` feeds it packets read from TUN devices, and the
+unprivileged demo's user-space proxies (:mod:`netopt.lab.userlink`) feed it chunks of
+TCP streams (:meth:`DirectionShaper.send`: delay and rate, no queue limit, no loss)
+and datagrams (:meth:`DirectionShaper.offer`): one clock for both ways of emulating.
 
 Model, per direction (what a WAN link does to a packet):
 
@@ -121,7 +124,8 @@ class DirectionShaper:
     """Decides, packet by packet, when (or whether) a packet leaves one link direction.
 
     State is two numbers: when the serializer is next free and when the last
-    packet arrives. Not thread-safe; one shaper per direction.
+    packet arrives. Not thread-safe; one shaper per direction (user-space proxies
+    sharing a link direction share one, in one event loop).
     """
 
     __slots__ = (
@@ -150,6 +154,16 @@ class DirectionShaper:
         self._jitter_ns = shape.jitter_ns
         self._loss_ratio = shape.loss_ratio
 
+    @classmethod
+    def from_link(cls, shape: LinkShape) -> DirectionShaper:
+        """A shaper for one direction of ``shape``; ValueError for an impossible shape."""
+        return cls(DirectionShape.from_link(shape))
+
+    @property
+    def ns_per_byte(self) -> float:
+        """Serialisation time of one byte, in ns."""
+        return self._ns_per_byte
+
     def offer(self, now_ns: int, size_bytes: int, loss_draw: float, jitter_draw: float) -> int:
         """Decide one packet's fate.
 
@@ -174,7 +188,26 @@ class DirectionShaper:
         if loss_draw < self._loss_ratio:
             stats.drops_loss += 1
             return DROP_LOSS
-        arrival = busy + self._delay_ns
+        return self._arrival(busy, jitter_draw)
+
+    def send(self, now_ns: int, size_bytes: int, jitter_draw: float) -> int:
+        """Put ``size_bytes`` of a TCP stream on the link: no queue limit, no loss (TCP
+        cannot lose bytes above the socket API); the arrival time in ns.
+
+        ``jitter_draw`` is uniform in [0, 1). The caller keeps the queue bounded
+        (see :meth:`room_bytes`).
+        """
+        busy = self._busy_until_ns
+        if busy < now_ns:
+            busy = now_ns
+        busy = int(busy + size_bytes * self._ns_per_byte)
+        self._busy_until_ns = busy
+        return self._arrival(busy, jitter_draw)
+
+    def _arrival(self, left_ns: int, jitter_draw: float) -> int:
+        """When bytes whose last bit left at ``left_ns`` arrive: after the delay, with
+        jitter that spreads gaps but never reorders (one path, first in first out)."""
+        arrival = left_ns + self._delay_ns
         if self._jitter_ns:
             arrival += int((2.0 * jitter_draw - 1.0) * self._jitter_ns)
         if arrival < self._last_arrival_ns:
@@ -190,3 +223,7 @@ class DirectionShaper:
     def backlog_bytes(self, now_ns: int) -> int:
         """Bytes waiting for the serializer at ``now_ns``."""
         return max(0, int((self._busy_until_ns - now_ns) / self._ns_per_byte))
+
+    def room_bytes(self, now_ns: int) -> int:
+        """Bytes the queue still takes at ``now_ns`` (0 when full)."""
+        return max(0, self.shape.queue_bytes - self.backlog_bytes(now_ns))

@@ -4,7 +4,8 @@ Without CAP_NET_ADMIN there is no netem and no TUN device, so the unprivileged
 demo cannot shape packets. The nearest real thing is a proxy: it listens on
 127.0.0.1 and forwards to a target, holding each chunk of bytes (TCP) or each
 datagram (UDP) back as a link would. One direction of a link is a
-:class:`LinkClock` (pure; the clock and random draws are arguments):
+:class:`~netopt.lab.emulator.DirectionShaper`, the same clock the lab's TUN relay
+runs (pure; the clock and random draws are arguments):
 
 - a serializer at ``rate_bps``: a chunk's last byte leaves when the link is
   free plus its size over the rate; ``queue_bytes`` bound what may wait for it;
@@ -32,90 +33,17 @@ from typing import Any, TypeVar
 
 from netopt.config.lab import LinkShape
 from netopt.errors import LabError
-from netopt.lab.emulator import DROP_LOSS, DROP_QUEUE, DirectionShape
+from netopt.lab.emulator import DirectionShaper
 from netopt.lab.userlink_proxy import ProxyStats, TcpProxy, UdpProxy
 
 __all__ = [
     "DirectionTotals",
-    "LinkClock",
     "ProxyCounters",
     "UserLink",
     "UserLinks",
 ]
 
-_NS_PER_S = 1_000_000_000
 _T = TypeVar("_T")
-
-
-class LinkClock:
-    """One direction of an emulated link: decides when bytes arrive, or that they are lost.
-
-    Not thread-safe; proxies sharing a link direction share one clock (in one event loop).
-    """
-
-    __slots__ = ("_busy_until_ns", "_last_arrival_ns", "_ns_per_byte", "shape")
-
-    def __init__(self, shape: DirectionShape) -> None:
-        self.shape = shape
-        self._ns_per_byte = 8 * _NS_PER_S / shape.rate_bps
-        self._busy_until_ns = 0.0
-        self._last_arrival_ns = 0
-
-    @classmethod
-    def from_link(cls, shape: LinkShape) -> LinkClock:
-        """A clock for one direction of ``shape``; ValueError for an impossible shape."""
-        return cls(DirectionShape.from_link(shape))
-
-    @property
-    def ns_per_byte(self) -> float:
-        """Serialisation time of one byte, in ns."""
-        return self._ns_per_byte
-
-    def backlog_bytes(self, now_ns: int) -> int:
-        """Bytes waiting for the serializer at ``now_ns``."""
-        return max(0, int((self._busy_until_ns - now_ns) / self._ns_per_byte))
-
-    def room_bytes(self, now_ns: int) -> int:
-        """Bytes the queue still takes at ``now_ns`` (0 when full)."""
-        return max(0, self.shape.queue_bytes - self.backlog_bytes(now_ns))
-
-    def _serialize(self, now_ns: int, size_bytes: int) -> int:
-        busy = max(self._busy_until_ns, float(now_ns)) + size_bytes * self._ns_per_byte
-        self._busy_until_ns = busy
-        return int(busy)
-
-    def _arrive(self, now_ns: int, left_ns: int, jitter_draw: float) -> int:
-        arrival = left_ns + self.shape.delay_ns
-        if self.shape.jitter_ns:
-            arrival += int((2.0 * jitter_draw - 1.0) * self.shape.jitter_ns)
-        # Jitter spreads gaps but never reorders: one path, first in first out.
-        arrival = max(arrival, self._last_arrival_ns, now_ns)
-        self._last_arrival_ns = arrival
-        return arrival
-
-    def send(self, now_ns: int, size_bytes: int, jitter_draw: float) -> int:
-        """Put ``size_bytes`` on the link (no queue limit, no loss); the arrival time in ns.
-
-        ``jitter_draw`` is uniform in [0, 1). The caller keeps the queue bounded
-        (see :meth:`room_bytes`).
-        """
-        return self._arrive(now_ns, self._serialize(now_ns, size_bytes), jitter_draw)
-
-    def offer_datagram(
-        self, now_ns: int, size_bytes: int, loss_draw: float, jitter_draw: float
-    ) -> int:
-        """One datagram: its arrival time in ns, or ``DROP_QUEUE`` / ``DROP_LOSS`` (negative).
-
-        ``loss_draw`` and ``jitter_draw`` are uniform in [0, 1). A datagram that
-        finds the queue full is dropped; one lost on the wire still used its link
-        time (as in :mod:`netopt.lab.emulator`).
-        """
-        if self.backlog_bytes(now_ns) + size_bytes > self.shape.queue_bytes:
-            return DROP_QUEUE
-        left_ns = self._serialize(now_ns, size_bytes)
-        if loss_draw < self.shape.loss_ratio:
-            return DROP_LOSS
-        return self._arrive(now_ns, left_ns, jitter_draw)
 
 
 @dataclass(frozen=True)
@@ -182,8 +110,8 @@ class UserLink:
         listen_host: str = "127.0.0.1",
         seed: int = 1,
         udp: bool = True,
-        forward: LinkClock | None = None,
-        backward: LinkClock | None = None,
+        forward: DirectionShaper | None = None,
+        backward: DirectionShaper | None = None,
     ) -> UserLink:
         """Listen on a free port of ``listen_host`` (the same number for TCP and UDP).
 
@@ -191,8 +119,8 @@ class UserLink:
         clocks of this proxy's own, from ``shape``). Raises ValueError for an
         impossible shape and LabError when no port can be bound.
         """
-        forward = forward or LinkClock.from_link(shape)
-        backward = backward or LinkClock.from_link(shape)
+        forward = forward or DirectionShaper.from_link(shape)
+        backward = backward or DirectionShaper.from_link(shape)
         rng = random.Random(seed)
         stats = ProxyStats()
         target = (target_host, target_port)
@@ -252,7 +180,7 @@ class UserLinks:
         )
         self._thread.start()
         self._links: dict[int, UserLink] = {}
-        self._clocks: dict[tuple[str, str], LinkClock] = {}
+        self._clocks: dict[tuple[str, str], DirectionShaper] = {}
         self._closed = False
 
     def _call(self, coro: Coroutine[Any, Any, _T], timeout_s: float = 30.0) -> _T:
@@ -261,9 +189,9 @@ class UserLinks:
             raise LabError("user links are closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-    def _clock(self, key: tuple[str, str], shape: LinkShape) -> LinkClock:
+    def _clock(self, key: tuple[str, str], shape: LinkShape) -> DirectionShaper:
         if key not in self._clocks:
-            self._clocks[key] = LinkClock.from_link(shape)
+            self._clocks[key] = DirectionShaper.from_link(shape)
         return self._clocks[key]
 
     def add(

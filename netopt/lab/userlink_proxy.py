@@ -1,7 +1,7 @@
 """The sockets behind :mod:`netopt.lab.userlink`: a TCP proxy and a UDP proxy.
 
 Both forward what a client sends to one target and the target's replies back,
-each direction through a :class:`~netopt.lab.userlink.LinkClock`, which decides
+each direction through a :class:`~netopt.lab.emulator.DirectionShaper`, which decides
 when bytes arrive. The TCP proxy runs four loops per connection (read and
 deliver, each way); reading pauses while the link queue is full or too many
 bytes wait in the proxy, so a fast sender is slowed by TCP flow control, never
@@ -24,7 +24,7 @@ from netopt.errors import LabError
 from netopt.lab.emulator import DROP_LOSS
 
 if TYPE_CHECKING:
-    from netopt.lab.userlink import LinkClock
+    from netopt.lab.emulator import DirectionShaper
 
 __all__ = ["FlowStats", "ProxyStats", "TcpProxy", "UdpProxy"]
 
@@ -72,7 +72,7 @@ class _Pipe:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        clock: LinkClock,
+        clock: DirectionShaper,
         rng: random.Random,
         stats: FlowStats,
     ) -> None:
@@ -142,8 +142,8 @@ class TcpProxy:
     def __init__(
         self,
         target: tuple[str, int],
-        forward: LinkClock,
-        backward: LinkClock,
+        forward: DirectionShaper,
+        backward: DirectionShaper,
         rng: random.Random,
         stats: ProxyStats,
     ) -> None:
@@ -161,8 +161,8 @@ class TcpProxy:
         host: str,
         port: int,
         target: tuple[str, int],
-        forward: LinkClock,
-        backward: LinkClock,
+        forward: DirectionShaper,
+        backward: DirectionShaper,
         rng: random.Random,
         stats: ProxyStats,
     ) -> TcpProxy:
@@ -294,8 +294,8 @@ class UdpProxy:
         self,
         sock: socket.socket,
         target: tuple[str, int],
-        forward: LinkClock,
-        backward: LinkClock,
+        forward: DirectionShaper,
+        backward: DirectionShaper,
         rng: random.Random,
         stats: ProxyStats,
     ) -> None:
@@ -314,8 +314,8 @@ class UdpProxy:
         host: str,
         port: int,
         target: tuple[str, int],
-        forward: LinkClock,
-        backward: LinkClock,
+        forward: DirectionShaper,
+        backward: DirectionShaper,
         rng: random.Random,
         stats: ProxyStats,
     ) -> UdpProxy:
@@ -344,9 +344,9 @@ class UdpProxy:
             self._loop.add_reader(peer.fileno(), self._from_target, addr, peer)
         return peer
 
-    def _offer(self, clock: LinkClock, stats: FlowStats, size_bytes: int) -> int | None:
+    def _offer(self, clock: DirectionShaper, stats: FlowStats, size_bytes: int) -> int | None:
         rng = self._rng
-        arrival = clock.offer_datagram(_now_ns(), size_bytes, rng.random(), rng.random())
+        arrival = clock.offer(_now_ns(), size_bytes, rng.random(), rng.random())
         if arrival < 0:
             if arrival == DROP_LOSS:
                 stats.drops_loss += 1
