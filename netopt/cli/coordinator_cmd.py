@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -11,9 +12,20 @@ from netopt.cli.output import console, print_json, print_table
 from netopt.cli.tls_opts import client_tls_options, service_tls_options, with_tls_options
 from netopt.config import cli_token, load_settings
 from netopt.config.services import DEFAULT_COORDINATOR_PORT
-from netopt.wire.client import CoordinatorClient
+from netopt.wire.answers import LinksAnswer, LinkView, NodesAnswer
+from netopt.wire.client import CoordinatorClient, read_answer
 
-__all__ = ["coordinator_command", "fetch_status", "status_command"]
+__all__ = ["CoordinatorStatus", "coordinator_command", "fetch_status", "status_command"]
+
+
+@dataclass(frozen=True)
+class CoordinatorStatus:
+    """What ``netopt status`` shows: the two answers checked (``nodes``, ``links``) and
+    the document ``--json`` prints (the answers' lists as the coordinator sent them)."""
+
+    document: dict[str, Any]
+    nodes: NodesAnswer
+    links: LinksAnswer
 
 
 @click.command("coordinator")
@@ -39,12 +51,17 @@ def coordinator_command(
     return run_coordinator(settings)
 
 
-async def fetch_status(url: str, token: str, window_s: float) -> dict[str, Any]:
-    """Nodes and the link matrix from the coordinator at ``url`` (netopt errors on failure)."""
+async def fetch_status(url: str, token: str, window_s: float) -> CoordinatorStatus:
+    """Nodes and the link matrix from the coordinator at ``url``, checked (netopt errors on
+    failure; a malformed answer is a ProtocolError naming the field)."""
     async with CoordinatorClient(url, token) as client:
         nodes = await client.get("/api/v1/nodes")
         links = await client.get("/api/v1/links", window_s=window_s)
-    return {"nodes": nodes["nodes"], "links": links["links"], "window_s": window_s}
+    return CoordinatorStatus(
+        {"nodes": nodes["nodes"], "links": links["links"], "window_s": window_s},
+        read_answer(NodesAnswer.from_dict, nodes, "nodes answer", url),
+        read_answer(LinksAnswer.from_dict, links, "links answer", url),
+    )
 
 
 @click.command("status")
@@ -78,20 +95,21 @@ def status_command(
     """Show nodes (with liveness) and links (RTT, loss, bandwidth). Token: NETOPT_TOKEN."""
     if agent_url is not None:
         return _train_status(agent_url, as_json)
-    result = asyncio.run(fetch_status(url, cli_token(token_file), window_s))
+    status = asyncio.run(fetch_status(url, cli_token(token_file), window_s))
     if as_json:
-        print_json(result)
+        print_json(status.document)
         return 0
+    nodes = status.nodes.nodes
     print_table(
-        f"nodes ({len(result['nodes'])})",
+        f"nodes ({len(nodes)})",
         ["node", "region", "state", "age s", "host", "cpus", "version"],
         [
-            [n["node"], n["region"], n["state"], round(n["age_s"], 1), n["host"],
-             n["cpu_count"], n["netopt_version"]]
-            for n in result["nodes"]
+            [n.node, n.region, n.state, None if n.age_s is None else round(n.age_s, 1), n.host,
+             n.cpu_count, n.netopt_version]
+            for n in nodes
         ],
     )  # fmt: skip
-    if not result["links"]:
+    if not status.links.links:
         console.print(f"no link summaries in the last {window_s:g} s")
         return 0
     print_table(
@@ -106,27 +124,25 @@ def status_command(
             "aggr Mbit/s",
             "n",
         ],
-        [_link_row(link) for link in result["links"]],
+        [_link_row(link) for link in status.links.links],
     )
     return 0
 
 
-def _link_row(link: dict[str, Any]) -> list[Any]:
+def _link_row(link: LinkView) -> list[Any]:
     from netopt.measure.losstext import loss_text
 
-    window = link["window"]
-    rtt = window["rtt_p50_ms"] or {}
-    bw = link["bandwidth"]
-    loss = window["loss_ratio"]
+    window, bw = link.window, link.bandwidth
+    rtt = window.rtt_p50_ms
     return [
-        link["src"],
-        link["dst"],
-        rtt.get("p50"),
-        rtt.get("p99"),
-        loss_text(loss, window.get("probes_sent")),
-        None if bw["single_stream_bps"] is None else bw["single_stream_bps"] / 1e6,
-        None if bw["aggregate_bps"] is None else bw["aggregate_bps"] / 1e6,
-        link["summary_count"],
+        link.src,
+        link.dst,
+        None if rtt is None else rtt.p50,
+        None if rtt is None else rtt.p99,
+        loss_text(window.loss_ratio, window.probes_sent),
+        None if bw.single_stream_bps is None else bw.single_stream_bps / 1e6,
+        None if bw.aggregate_bps is None else bw.aggregate_bps / 1e6,
+        link.summary_count,
     ]
 
 

@@ -143,6 +143,8 @@ class NodeView:
     data_port: int | None = None
     netopt_version: str | None = None
     last_seen_s: float | None = None
+    age_s: float | None = None
+    cpu_count: int | None = None
 
     @classmethod
     def read(cls, r: Reader) -> NodeView:
@@ -160,6 +162,8 @@ class NodeView:
             data_port=r.integer("data_port", ge=1, le=65535, required=False),
             netopt_version=r.string("netopt_version", max_len=MAX_VERSION_CHARS, required=False),
             last_seen_s=_optional_float(r, "last_seen_s", MAX_TIME_S),
+            age_s=_optional_float(r, "age_s", MAX_TIME_S),
+            cpu_count=r.integer("cpu_count", ge=1, le=65536, required=False),
         )
 
     def addresses(self) -> tuple[str, ...]:

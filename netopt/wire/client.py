@@ -28,9 +28,9 @@ import asyncio
 import errno
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -47,7 +47,25 @@ from netopt.wire.answers import LinksAnswer, NodePlanAnswer, NodesAnswer
 from netopt.wire.fields import RequestInvalid
 from netopt.wire.schema import Heartbeat, Registration, SummaryBatch
 
-__all__ = ["CoordinatorClient", "CoordinatorRejected", "failover_delay_s", "split_urls"]
+__all__ = [
+    "CoordinatorClient",
+    "CoordinatorRejected",
+    "failover_delay_s",
+    "read_answer",
+    "split_urls",
+]
+
+_T = TypeVar("_T")
+
+
+def read_answer(read: Callable[[object], _T], answer: object, what: str, source: str) -> _T:
+    """``read(answer)`` (a typed answer's ``from_dict``); a malformed answer is a
+    ProtocolError naming ``source`` (the coordinator), ``what`` and the field."""
+    try:
+        return read(answer)
+    except RequestInvalid as exc:
+        raise ProtocolError(f"coordinator {source}: a malformed {what}: {exc}") from None
+
 
 FAILOVER_BASE_S = 0.05
 FAILOVER_CAP_S = 1.0
@@ -215,10 +233,7 @@ class CoordinatorClient:
         Raises ProtocolError naming the field when the answer is malformed.
         """
         answer = await self.request("GET", f"/api/v1/agents/{node}/plan")
-        try:
-            return NodePlanAnswer.from_dict(answer)
-        except RequestInvalid as exc:
-            raise ProtocolError(f"coordinator {self.base_url}: a malformed plan: {exc}") from None
+        return read_answer(NodePlanAnswer.from_dict, answer, "plan", self.base_url)
 
     async def nodes(self) -> NodesAnswer:
         """``GET /api/v1/nodes``, checked (`NodesAnswer`).
@@ -226,12 +241,7 @@ class CoordinatorClient:
         Raises ProtocolError naming the field when the answer is malformed.
         """
         answer = await self.request("GET", "/api/v1/nodes")
-        try:
-            return NodesAnswer.from_dict(answer)
-        except RequestInvalid as exc:
-            raise ProtocolError(
-                f"coordinator {self.base_url}: a malformed nodes answer: {exc}"
-            ) from None
+        return read_answer(NodesAnswer.from_dict, answer, "nodes answer", self.base_url)
 
     async def links(self, window_s: float | None = None) -> LinksAnswer:
         """``GET /api/v1/links`` over the last ``window_s`` seconds (the coordinator's
@@ -241,12 +251,7 @@ class CoordinatorClient:
         """
         query = None if window_s is None else {"window_s": str(window_s)}
         answer = await self.request("GET", "/api/v1/links", params=query)
-        try:
-            return LinksAnswer.from_dict(answer)
-        except RequestInvalid as exc:
-            raise ProtocolError(
-                f"coordinator {self.base_url}: a malformed links answer: {exc}"
-            ) from None
+        return read_answer(LinksAnswer.from_dict, answer, "links answer", self.base_url)
 
     async def submit(self, node: str, batch: SummaryBatch) -> dict[str, Any]:
         """Send a batch; ``{"duplicate": true}`` means it was stored before (safe to drop)."""
