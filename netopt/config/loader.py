@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
-from netopt.errors import ConfigError
+from netopt.errors import ConfigError, ValidationError
 
 __all__ = [
     "BYTES",
@@ -66,8 +66,10 @@ _SIZE_UNITS = {
 }
 
 
-class Invalid(ValueError):
-    """Raised by a settings class's ``__post_init__`` to refuse a value.
+class Invalid(ValidationError, ValueError):
+    """Raised by a settings class's ``__post_init__`` to refuse a value (the loader turns
+    it into a ConfigError naming the file and key; built in code, it is a
+    ValidationError, and a ValueError still for callers that catch one).
 
     ``key`` is relative to the object being built (``"rate_mbps"``, ``"links[0]"``
     or ``""`` for the object itself).

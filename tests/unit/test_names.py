@@ -73,8 +73,10 @@ def test_interface_names_refused(name: object) -> None:
 
 def test_every_interface_name_check_refuses_a_trailing_newline() -> None:
     # config/links.py and nccl/domains.py had their own ``re.match`` with ``$``
-    with pytest.raises(Invalid):
+    with pytest.raises(Invalid) as caught:
         NicSpec(name="eth0\n")
+    assert isinstance(caught.value, ValidationError)  # in the error tree
+    assert isinstance(caught.value, ValueError)
     with pytest.raises(ValidationError):
         check_value("GLOO_SOCKET_IFNAME", "eth0\n", (2, 21, 5), (2, 4, 0))
     with pytest.raises(ValidationError):
