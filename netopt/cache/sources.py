@@ -192,9 +192,12 @@ class Source(abc.ABC):
 def parse_source(text: str, name: str | None = None) -> Source:
     """The `Source` a SOURCE string stands for (``name``, when given, names the dataset).
 
-    ValidationError for an unknown scheme, a malformed URL (no host, a bad port, a
-    control character, a bad bucket name) or a dataset name that is not allowed.
+    ValidationError for an empty SOURCE, an unknown scheme, a malformed URL (no host,
+    a bad port, a control character, a bad bucket name) or a dataset name that is not
+    allowed.
     """
+    if not text:
+        raise ValidationError("SOURCE is empty (a directory or a URL expected)")
     scheme, sep, _ = text.partition("://")
     if not sep:
         return PathSource(text, _checked_name(name, _last_part(text)))
@@ -210,7 +213,8 @@ def parse_source(text: str, name: str | None = None) -> Source:
         _check_web_url(text)
         return WebDirSource(text, _checked_name(name, _last_part(text)))
     if scheme == "s3":
-        return S3Source(text, _checked_name(name, _last_part(text)), parse_s3_url(text))
+        bucket = parse_s3_url(text)
+        return S3Source(text, _checked_name(name, _last_part(text)), bucket)
     raise ValidationError(f"SOURCE {text!r}: unknown scheme (path, netopt://, http(s)://, s3://)")
 
 
