@@ -127,7 +127,8 @@ class OpenedSource:
     async def check_still_current(self, shared: bool) -> None:
         """DatasetChangedError when the origin moved on to another version while DEST was
         being written (``shared``: chunks came from region peers too). Only a served
-        origin can tell; the other kinds check their files as they read them."""
+        origin has versions to ask about; with the other kinds a chunk whose bytes
+        changed fails its check as it is read."""
 
     def levels_over_time(self) -> list[dict[str, float | int]] | None:
         """The adaptive compression level's samples; None where the level does not adapt."""
