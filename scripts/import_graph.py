@@ -34,9 +34,11 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"wire", "config"}),
     # 3. decisions and measurement
     frozenset({"measure", "nccl", "transfer", "doctor"}),
-    # 4. engines and services
-    frozenset({"dataplane", "cache", "coordinator", "agent", "lab"}),
-    # 5. integrations and entry points
+    # 4. the data plane: serving and the sync engine (a sync's sources and sinks plug in)
+    frozenset({"dataplane"}),
+    # 5. services built on it: the node's cache and a sync's sources, coordinator, agent
+    frozenset({"cache", "coordinator", "agent", "lab"}),
+    # 6. integrations and entry points
     frozenset({"torch", "demo", "cli", "__main__"}),
 )  # fmt: skip
 KNOWN_UPWARD = frozenset({("measure", "dataplane")})

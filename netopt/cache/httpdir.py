@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 
 import aiohttp
 
 from netopt.cache.remotefiles import (
+    MAX_FILES,
     BuiltEntries,
+    RemoteDataset,
     RemoteFile,
     SpooledChunkSource,
     build_entries,
@@ -37,7 +38,6 @@ from netopt.transfer.manifest import Manifest, validate_rel_path
 
 __all__ = ["MAX_DEPTH", "MAX_FILES", "HttpDirSource", "list_links", "open_http_dir"]
 
-MAX_FILES = 100_000
 MAX_DEPTH = 16
 _STATE_FILE = "httpdir.json"
 
@@ -141,14 +141,14 @@ async def _download(
 @asynccontextmanager
 async def open_http_dir(
     url: str, name: str, client: ClientOptions, avg_chunk_bytes: int, state_dir: str | None
-) -> AsyncIterator[Any]:
-    """Open ``url`` (a listing) as an `OpenedSource` of kind ``http-dir``.
+) -> AsyncIterator[RemoteDataset]:
+    """Open the files listed under ``url`` as dataset ``name``: crawled, downloaded where
+    their chunking is not remembered in ``state_dir``, chunked (the ``http-dir`` kind of
+    `netopt.cache.sources` wraps it).
 
     Raises PeerUnreachableError / NetworkError / ProtocolError for the server,
     StorageError when downloads cannot be spooled.
     """
-    from netopt.cache.sources import OpenedSource
-
     base = url if url.endswith("/") else url + "/"
     state_path = Path(state_dir) / _STATE_FILE if state_dir else None
     headers = {"Authorization": f"Bearer {client.token}"} if client.token else {}
@@ -180,6 +180,6 @@ async def open_http_dir(
             source = HttpDirSource(session, manifest, built)
             await save_state(state_path, known)
             overhead_bytes = listing_bytes + built.wire_bytes
-            yield OpenedSource("http-dir", name, manifest, source, 4, overhead_bytes)
+            yield RemoteDataset(manifest, source, overhead_bytes)
     except OSError as exc:
         raise StorageError(f"cannot spool downloads of {base}: {exc}") from exc

@@ -26,9 +26,11 @@ from netopt.fsutil import atomic_write_bytes
 from netopt.transfer.manifest import FileEntry, Manifest, manifest_from_dict
 
 __all__ = [
+    "MAX_FILES",
     "BuiltEntries",
     "Download",
     "ReadRange",
+    "RemoteDataset",
     "RemoteFile",
     "SpooledChunkSource",
     "build_entries",
@@ -37,6 +39,9 @@ __all__ = [
     "spool_dir",
     "spool_stream",
 ]
+
+MAX_FILES = 100_000
+"""The most files a source without a manifest may list (a web directory, a bucket prefix)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,16 @@ class SpooledChunkSource:
     async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
         for chunk_id, length in wanted:
             yield await self.fetch_chunk(chunk_id, length)
+
+
+@dataclass(frozen=True)
+class RemoteDataset:
+    """Remote files opened as a dataset: the manifest built here, the `ChunkSource`
+    over the files, and the bytes listing and downloading took on the wire."""
+
+    manifest: Manifest
+    source: SpooledChunkSource
+    wire_bytes: int
 
 
 def _chunk(path: Path, remote: RemoteFile, avg_chunk_bytes: int) -> FileEntry:

@@ -15,16 +15,15 @@ request is bounded by the client's connect and read timeouts and a few retries.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from netopt.cache.httpdir import MAX_FILES
 from netopt.cache.remotefiles import (
+    MAX_FILES,
     BuiltEntries,
+    RemoteDataset,
     RemoteFile,
     SpooledChunkSource,
     build_entries,
@@ -33,6 +32,7 @@ from netopt.cache.remotefiles import (
     spool_dir,
     spool_stream,
 )
+from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import (
@@ -59,7 +59,6 @@ __all__ = [
 ]
 
 _STATE_FILE = "s3.json"
-_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 _READ_PIECE_BYTES = 1 << 20
 _AUTH_CODES = frozenset(
     {
@@ -73,41 +72,6 @@ _AUTH_CODES = frozenset(
         "403",
     }
 )
-
-
-@dataclass(frozen=True)
-class S3Options:
-    """How to reach an S3-compatible service; None means botocore's default (env, profile)."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    profile: str | None = None
-    max_attempts: int = 3
-
-
-@dataclass(frozen=True)
-class S3Url:
-    """A parsed ``s3://`` SOURCE; ``prefix`` is empty or ends with ``/``."""
-
-    bucket: str
-    prefix: str
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
-
-
-def parse_s3_url(spec: str) -> S3Url:
-    """``s3://BUCKET[/PREFIX]`` -> S3Url; ValidationError for a malformed URL or bucket name."""
-    if not spec.startswith("s3://"):
-        raise ValidationError(f"SOURCE {spec!r} is not an s3:// URL")
-    bucket, _, prefix = spec[len("s3://") :].partition("/")
-    if not _BUCKET_RE.match(bucket):
-        raise ValidationError(f"SOURCE {spec!r}: {bucket!r} is not a valid bucket name")
-    if any(ch in prefix for ch in "?#") or any(ord(ch) < 32 for ch in prefix):
-        raise ValidationError(f"SOURCE {spec!r}: the prefix has a query, fragment or control char")
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
-    return S3Url(bucket, prefix)
 
 
 def object_rel_path(url: S3Url, key: str) -> str:
@@ -253,23 +217,22 @@ def _client_args(s3: S3Options, client: ClientOptions) -> dict[str, Any]:
 
 @asynccontextmanager
 async def open_s3(
-    spec: str,
+    url: S3Url,
     name: str,
     client: ClientOptions,
     s3: S3Options,
     avg_chunk_bytes: int,
     state_dir: str | None,
-) -> AsyncIterator[Any]:
-    """Open ``s3://BUCKET[/PREFIX]`` as an `OpenedSource` of kind ``s3``.
+) -> AsyncIterator[RemoteDataset]:
+    """Open the objects under ``url`` as dataset ``name``: listed, downloaded where their
+    chunking is not remembered in ``state_dir``, chunked (the ``s3`` kind of
+    `netopt.cache.sources` wraps it).
 
-    Raises ValidationError (bad URL, no such bucket, unknown profile),
+    Raises ValidationError (no such bucket, unknown profile, a bad endpoint URL),
     PathTraversalError (an unsafe key), AuthenticationError, PeerUnreachableError,
     NetworkError / ProtocolError, DependencyError without aiobotocore, and
     StorageError when downloads cannot be spooled.
     """
-    from netopt.cache.sources import OpenedSource
-
-    url = parse_s3_url(spec)
     try:
         from aiobotocore.session import AioSession
     except ImportError as exc:
@@ -311,7 +274,7 @@ async def open_s3(
                 manifest = Manifest(name, tuple(built.entries), avg_chunk_bytes)
                 source = S3ChunkSource(s3_client, url, endpoint, manifest, built)
                 await save_state(state_path, known)
-                yield OpenedSource("s3", name, manifest, source, 4, built.wire_bytes)
+                yield RemoteDataset(manifest, source, built.wire_bytes)
             finally:
                 await client_cm.__aexit__(None, None, None)
     except OSError as exc:

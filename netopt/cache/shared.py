@@ -8,7 +8,9 @@ later when another node of the region is fetching it across the border right
 now. The node reports every chunk it stores, so its agent serves it to the
 region's next askers.
 
-:class:`SharedChunkSource` is an ordinary `ChunkSource` to the sync engine: it
+`join_region` opens a sync's session and wraps the opened source of any kind
+(`netopt.cache.sources`) in a :class:`SharedChunkSource`, an ordinary
+`ChunkSource` to the sync engine: it
 routes each batch, fetches the parts from peers and SOURCE concurrently and
 yields the chunks in the order asked. A peer that fails is excluded for the rest
 of the sync and its chunks are routed again (another peer, or SOURCE), so a peer
@@ -22,21 +24,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
-from netopt.dataplane.httpsource import ClientOptions, DatasetUrl, HttpChunkSource
+from netopt.dataplane.httpsource import (
+    ClientOptions,
+    DatasetUrl,
+    HttpChunkSource,
+    checked_dataset_url,
+)
 from netopt.errors import NetoptError, ValidationError
 from netopt.transfer.manifest import Manifest
 from netopt.wire.client import CoordinatorClient
 
 __all__ = [
+    "JoinedRegion",
     "RegionSharing",
     "SharedChunkSource",
     "SharingOptions",
     "SharingStats",
+    "join_region",
 ]
 
 log = logging.getLogger(__name__)
@@ -178,11 +187,58 @@ class RegionSharing:
             await self._call((), done=True)
 
 
+@dataclass(frozen=True)
+class JoinedRegion:
+    """A sync in its region's sharing: the catalogue session, and the source that routes
+    every batch through it."""
+
+    sharing: RegionSharing
+    source: SharedChunkSource
+
+
+async def join_region(
+    options: SharingOptions,
+    manifest: Manifest,
+    origin: ChunkSource,
+    holds: Callable[[str], bool],
+    stack: contextlib.AsyncExitStack,
+) -> JoinedRegion | str:
+    """Open the catalogue session for ``manifest`` (the chunks ``holds`` says this node
+    already has are reported stored: peers may fetch them) and wrap ``origin``; the
+    session, its flusher and the peers' connections close with ``stack``. The reason,
+    as a string, when the coordinator refuses or cannot be reached."""
+    client = await stack.enter_async_context(
+        CoordinatorClient(options.coordinator_url, options.token, timeout_s=options.timeout_s)
+    )
+    sharing = RegionSharing(client, options, manifest)
+    for chunk_id in manifest.unique_chunks():
+        if holds(chunk_id):
+            sharing.stored(chunk_id)
+    try:
+        await sharing.join()
+    except NetoptError as exc:
+        log.warning("syncing without region sharing: %s", exc)
+        return str(exc)
+    stack.push_async_callback(sharing.close)
+    flusher = asyncio.get_running_loop().create_task(sharing.flush_forever())
+
+    async def stop_flusher() -> None:
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
+
+    stack.push_async_callback(stop_flusher)
+    peer_options = ClientOptions(token=options.token, streams=options.peer_streams)
+    source = SharedChunkSource(origin, sharing, peer_options)
+    stack.push_async_callback(source.aclose)
+    return JoinedRegion(sharing, source)
+
+
 def _endpoint_url(endpoint: str, name: str) -> DatasetUrl:
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
         raise ValidationError(f"the coordinator gave a bad peer endpoint {endpoint!r}")
-    return DatasetUrl(host.strip("[]"), int(port), name)
+    return checked_dataset_url(endpoint, host, port, name)
 
 
 class SharedChunkSource:

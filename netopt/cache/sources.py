@@ -1,28 +1,44 @@
-"""Where ``netopt sync`` reads a dataset from: SOURCE strings turned into `ChunkSource`s.
+"""Where a sync reads a dataset from: a SOURCE string parsed once into a `Source` of its kind.
 
-- a local or mounted directory: chunked here (FastCDC, BLAKE3), read in place;
-- ``netopt://HOST:PORT/NAME``: a ``netopt serve`` server or another agent;
-- ``http(s)://HOST:PORT/v1/datasets/NAME[/manifest]``: the same server named by its
-  manifest URL;
-- ``http(s)://HOST/PATH/``: a directory listing served by any web server (see
-  `netopt.cache.httpdir`);
-- ``s3://BUCKET[/PREFIX]``: objects of an S3-compatible service (see `netopt.cache.s3`).
+- ``path`` (`PathSource`): a local or mounted directory, chunked here (FastCDC,
+  BLAKE3) and read in place;
+- ``netopt`` (`NetoptSource`): ``netopt://HOST:PORT/NAME``, a ``netopt serve``
+  server or another node's agent;
+- ``http-manifest`` (`ManifestUrlSource`): the same server named by its manifest
+  URL, ``http(s)://HOST:PORT/v1/datasets/NAME[/manifest]``;
+- ``http-dir`` (`WebDirSource`): ``http(s)://HOST/PATH/``, a directory listing of
+  any web server (`netopt.cache.httpdir`);
+- ``s3`` (`S3Source`): ``s3://BUCKET[/PREFIX]``, objects of an S3-compatible
+  service (`netopt.cache.s3`).
 
-Each opened source carries its manifest, the transfer plan when the server
-offered one, and the bytes the set-up requests took on the wire.
+`parse_source` is the one place that reads a SOURCE string: it chooses the kind by
+the scheme and checks the rest (host, port, dataset name, bucket) before anything is
+contacted, so a bad SOURCE fails at once. The `Source` it returns knows its dataset
+name and opens itself (`Source.open`) into an `OpenedSource`: the manifest, the
+`ChunkSource` the sync engine reads chunks from, the transfer plan when the server
+offered one, and the bytes the set-up requests took on the wire. Region sharing
+(`netopt.cache.shared`) wraps the opened source of any kind; it is chosen by the
+sync's options, not by SOURCE.
+
+Web directories and S3 are imported only when a sync opens one, directories only
+for a path (start-up time counts on short syncs). Below this module, the data plane
+and the two remote-file engines (`netopt.cache.httpdir`, `netopt.cache.s3`) know
+nothing of kinds or of the cache: each returns its parts, and the kind here wraps them.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
+from urllib.parse import urlsplit
 
-from netopt.cache.s3 import S3Options
+from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.client import (
@@ -36,6 +52,7 @@ from netopt.dataplane.httpsource import (
     ClientOptions,
     DatasetUrl,
     HttpChunkSource,
+    checked_dataset_url,
     parse_dataset_url,
 )
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
@@ -48,20 +65,28 @@ from netopt.transfer.planner import CpuProfile, LinkProfile, TransferPlan
 from netopt.transfer.profile import load_cpu_profile
 
 if TYPE_CHECKING:
+    from netopt.cache.remotefiles import RemoteDataset
     from netopt.dataplane.served import ServedDataset
 
 __all__ = [
     "LocalChunkSource",
+    "ManifestUrlSource",
+    "NetoptSource",
+    "OpenedServed",
     "OpenedSource",
+    "PathSource",
+    "S3Source",
+    "Source",
     "SourceOptions",
-    "open_source",
-    "source_kind",
-    "source_name",
+    "WebDirSource",
+    "parse_source",
 ]
 
 _MANIFEST_URL_RE = re.compile(
-    r"^(https?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/v1/datasets/([^/?#]+)(/manifest)?/?$"
+    r"(https?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/v1/datasets/([^/?#]+)(?:/manifest)?/?"
 )
+_REMOTE_FILES_STREAMS = 4
+"""Streams of a source without a manifest (web directory, bucket): no plan chooses them."""
 
 
 @dataclass(frozen=True)
@@ -99,47 +124,126 @@ class OpenedSource:
     link_figures: LinkFigures | None = None
     """What the plan assumed of the link, and where each figure came from."""
 
+    async def check_still_current(self, shared: bool) -> None:
+        """DatasetChangedError when the origin moved on to another version while DEST was
+        being written (``shared``: chunks came from region peers too). Only a served
+        origin has versions to ask about; with the other kinds a chunk whose bytes
+        changed fails its check as it is read."""
+
+    def levels_over_time(self) -> list[dict[str, float | int]] | None:
+        """The adaptive compression level's samples; None where the level does not adapt."""
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenedServed(OpenedSource):
+    """An opened netopt server (``netopt`` and ``http-manifest``): its chunk source
+    tells whether the version the sync wrote is still the server's."""
+
+    served: HttpChunkSource
+    """The same object as ``source``, with its type."""
+
+    async def check_still_current(self, shared: bool) -> None:
+        """DEST then holds the older version whole; the restart brings the delta. With
+        region sharing (chunks from peers too, maybe after the origin's last stream) it
+        always asks."""
+        if not shared and self.served.version_at_end() == self.manifest.manifest_id:
+            # Every chunk came over streams whose server named this version after its last
+            # read: the check rode on their ends, no request (a round trip) needed.
+            trace.count("version_check_on_stream_end")
+            return
+        info = await self.served.fetch_info()
+        if info.manifest_id != self.manifest.manifest_id:
+            raise DatasetChangedError(
+                f"{self.served.url}: the dataset changed while it was being synced"
+            )
+
+    def levels_over_time(self) -> list[dict[str, float | int]] | None:
+        adapter = self.served.adapter
+        return adapter.to_list() if adapter is not None else None
+
 
 @dataclass(frozen=True)
-class _HttpsDatasetUrl(DatasetUrl):
-    scheme: str = "http"
+class Source(abc.ABC):
+    """One SOURCE, parsed and checked (`parse_source` makes it): its kind, its dataset
+    name, and how to open it."""
 
-    @property
-    def base(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
+    text: str
+    """The SOURCE as given."""
+    name: str
+    """The dataset name it stands for (``--name``, else taken from SOURCE), checked."""
+
+    kind: ClassVar[str]
+    recut_on_open: ClassVar[bool] = False
+    """True when every open cuts the files into chunks anew with
+    `SourceOptions.avg_chunk_bytes` (a directory); web directories and buckets
+    remember how each file was cut, servers send their manifest."""
+
+    @abc.abstractmethod
+    def open(self, opts: SourceOptions) -> AbstractAsyncContextManager[OpenedSource]:
+        """Fetch (or build) the manifest, and plan; connections close on exit.
+
+        Raises StorageError for an unreadable path, PathTraversalError for an unsafe
+        remote name, PeerUnreachableError / NetworkError / AuthenticationError for
+        servers, ValidationError for a missing bucket, DependencyError for s3://
+        without the ``s3`` extra.
+        """
 
 
-def source_kind(spec: str) -> str:
-    """``path``, ``netopt``, ``http-manifest``, ``http-dir`` or ``s3`` for a SOURCE string."""
-    if spec.startswith("netopt://"):
-        return "netopt"
-    if spec.startswith(("http://", "https://")):
-        return "http-manifest" if _MANIFEST_URL_RE.match(spec) else "http-dir"
-    if spec.startswith("s3://"):
-        return "s3"
-    if "://" in spec:
-        raise ValidationError(
-            f"SOURCE {spec!r}: unknown scheme (path, netopt://, http(s)://, s3://)"
-        )
-    return "path"
+def parse_source(text: str, name: str | None = None) -> Source:
+    """The `Source` a SOURCE string stands for (``name``, when given, names the dataset).
+
+    ValidationError for an empty SOURCE, an unknown scheme, a malformed URL (no host,
+    a bad port, a control character, a bad bucket name) or a dataset name that is not
+    allowed.
+    """
+    if not text:
+        raise ValidationError("SOURCE is empty (a directory or a URL expected)")
+    scheme, sep, _ = text.partition("://")
+    if not sep:
+        return PathSource(text, _checked_name(name, _last_part(text)))
+    if scheme == "netopt":
+        url = parse_dataset_url(text)
+        return NetoptSource(text, _checked_name(name, url.name), url)
+    if scheme in ("http", "https"):
+        match = _MANIFEST_URL_RE.fullmatch(text)
+        if match is not None:
+            scheme, host, port_text, served = match.groups()
+            url = checked_dataset_url(text, host, port_text, served, scheme)
+            return ManifestUrlSource(text, _checked_name(name, url.name), url)
+        _check_web_url(text)
+        return WebDirSource(text, _checked_name(name, _last_part(text)))
+    if scheme == "s3":
+        bucket = parse_s3_url(text)
+        return S3Source(text, _checked_name(name, _last_part(text)), bucket)
+    raise ValidationError(f"SOURCE {text!r}: unknown scheme (path, netopt://, http(s)://, s3://)")
 
 
-def source_name(spec: str, name: str | None = None) -> str:
-    """The dataset name a SOURCE stands for (``name`` wins); ValidationError if not allowed."""
-    kind = source_kind(spec)
-    if name is None:
-        if kind == "netopt":
-            name = parse_dataset_url(spec).name
-        elif kind == "http-manifest":
-            match = _MANIFEST_URL_RE.match(spec)
-            assert match is not None
-            name = match.group(4)
-        else:
-            name = spec.rstrip("/").rsplit("/", 1)[-1] or "dataset"
+def _last_part(text: str) -> str:
+    return text.rstrip("/").rsplit("/", 1)[-1] or "dataset"
+
+
+def _checked_name(given: str | None, derived: str) -> str:
+    name = derived if given is None else given
     if not is_dataset_name(name):
         raise ValidationError(f"dataset name {name!r} is not allowed (letters, digits, . _ -)")
     return name
+
+
+def _check_web_url(text: str) -> None:
+    """ValidationError for a web directory URL without a host, with a bad port or a
+    control character (a path may hold any character its file system allows)."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise ValidationError(f"SOURCE {text!r} holds a control character")
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # ValueError when it is not a number in 0..65535
+    except ValueError as exc:
+        raise ValidationError(f"SOURCE {text!r}: {exc}") from None
+    if not parts.hostname or port == 0:
+        raise ValidationError(
+            f"SOURCE {text!r}: no host, or port 0 (expected http(s)://HOST/PATH/)"
+        )
 
 
 class LocalChunkSource:
@@ -163,43 +267,88 @@ class LocalChunkSource:
             yield await self.fetch_chunk(chunk_id, length)
 
 
-async def _open_served(
-    url: DatasetUrl, kind: str, opts: SourceOptions, source: HttpChunkSource
-) -> OpenedSource:
-    """Fetch info and manifest through ``source`` (entered) and plan; the source then
-    fetches chunks over the connections the set-up opened."""
-    trace.mark("open_source")
-    cpu = opts.client_cpu
-    if cpu is None:
-        cpu = await asyncio.to_thread(load_cpu_profile)
-    trace.mark("cpu_profile")
-    lookup = None
-    if opts.coordinator is not None and opts.link_rate_bps is None:
-        # Beside the info and manifest requests: the figures are there when they are.
-        lookup = asyncio.ensure_future(measured_link(opts.coordinator, url.host, url.port))
-    try:
-        info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
-        measured = await _looked_up(lookup)
-    finally:
-        if lookup is not None:
-            lookup.cancel()
-    if info.manifest_id != manifest.manifest_id:
-        # The two were answered by different versions: the files changed in between.
-        raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
-    overhead_bytes = source.meta_wire_bytes
-    figures = link_figures_for(
-        info,
-        rate_bps=opts.link_rate_bps,
-        loss_ratio=opts.link_loss_ratio,
-        measured=measured,
-        rate_limit_bps=opts.client.rate_limit_bps,
-    )
-    plan = plan_for(info, None, cpu, figures=figures, max_streams=opts.max_streams)
-    streams = opts.streams or plan.streams
-    source.zstd_level = plan.zstd_level if opts.zstd_level is None else (opts.zstd_level or None)
-    if opts.zstd_level is None:
-        start_adapting(source, info, cpu, figures)
-    return OpenedSource(kind, url.name, manifest, source, streams, overhead_bytes, plan, figures)
+@dataclass(frozen=True)
+class PathSource(Source):
+    """A local or mounted directory, chunked here and read in place."""
+
+    kind: ClassVar[str] = "path"
+    recut_on_open: ClassVar[bool] = True
+
+    @asynccontextmanager
+    async def open(self, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
+        if not await asyncio.to_thread(Path(self.text).is_dir):
+            raise StorageError(f"SOURCE {self.text} is not a readable directory")
+        # Imported here: a network sync has no use for dataset loading.
+        from netopt.dataplane.served import load_dataset
+
+        dataset = await asyncio.to_thread(load_dataset, self.text, self.name, opts.avg_chunk_bytes)
+        yield OpenedSource(self.kind, self.name, dataset.manifest, LocalChunkSource(dataset), 2)
+
+
+@dataclass(frozen=True)
+class NetoptSource(Source):
+    """A ``netopt serve`` server or a node's agent: its manifest, and a plan for the link."""
+
+    url: DatasetUrl
+    """Where it is served; ``url.name`` is the dataset asked for (``name`` may differ
+    with ``--name``)."""
+
+    kind: ClassVar[str] = "netopt"
+
+    @asynccontextmanager
+    async def open(self, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
+        client = replace(opts.client, streams=MAX_CONNECTIONS)
+        async with HttpChunkSource(self.url, client) as source:
+            yield await self._opened(opts, source)
+
+    async def _opened(self, opts: SourceOptions, source: HttpChunkSource) -> OpenedServed:
+        """Fetch info and manifest through ``source`` (entered) and plan; the source then
+        fetches chunks over the connections the set-up opened."""
+        url = self.url
+        trace.mark("open_source")
+        cpu = opts.client_cpu
+        if cpu is None:
+            cpu = await asyncio.to_thread(load_cpu_profile)
+        trace.mark("cpu_profile")
+        lookup = None
+        if opts.coordinator is not None and opts.link_rate_bps is None:
+            # Beside the info and manifest requests: the figures are there when they are.
+            lookup = asyncio.ensure_future(measured_link(opts.coordinator, url.host, url.port))
+        try:
+            info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+            measured = await _looked_up(lookup)
+        finally:
+            if lookup is not None:
+                lookup.cancel()
+        if info.manifest_id != manifest.manifest_id:
+            # The two were answered by different versions: the files changed in between.
+            raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
+        figures = link_figures_for(
+            info,
+            rate_bps=opts.link_rate_bps,
+            loss_ratio=opts.link_loss_ratio,
+            measured=measured,
+            rate_limit_bps=opts.client.rate_limit_bps,
+        )
+        plan = plan_for(info, None, cpu, figures=figures, max_streams=opts.max_streams)
+        level = opts.zstd_level
+        source.zstd_level = plan.zstd_level if level is None else (level or None)
+        if level is None:
+            start_adapting(source, info, cpu, figures)
+        streams = opts.streams or plan.streams
+        overhead_bytes = source.meta_wire_bytes
+        return OpenedServed(
+            self.kind, url.name, manifest, source, streams, overhead_bytes, plan, figures,
+            served=source,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ManifestUrlSource(NetoptSource):
+    """A netopt server named by its manifest URL, ``http(s)://HOST:PORT/v1/datasets/NAME``:
+    the scheme is the URL's own rather than the cluster's TLS setting."""
+
+    kind: ClassVar[str] = "http-manifest"
 
 
 async def _looked_up(
@@ -214,48 +363,39 @@ async def _looked_up(
         return f"the coordinator did not answer within {LOOKUP_TIMEOUT_S:g} s"
 
 
-@asynccontextmanager
-async def open_source(spec: str, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
-    """Open SOURCE: fetch (or build) its manifest and plan; close connections on exit.
+def _opened_files(kind: str, name: str, files: RemoteDataset) -> OpenedSource:
+    return OpenedSource(
+        kind, name, files.manifest, files.source, _REMOTE_FILES_STREAMS, files.wire_bytes
+    )
 
-    Raises ValidationError for an unknown SOURCE (or a missing bucket),
-    PathTraversalError for an unsafe remote name, StorageError for an unreadable
-    path, PeerUnreachableError / NetworkError / AuthenticationError for servers,
-    DependencyError for s3:// without the ``s3`` extra.
-    """
-    kind = source_kind(spec)
-    name = source_name(spec, opts.name)
-    if kind == "path":
-        if not await asyncio.to_thread(Path(spec).is_dir):
-            raise StorageError(f"SOURCE {spec} is not a readable directory")
-        # Imported here: a network sync has no use for dataset loading (start-up time
-        # counts on short syncs).
-        from netopt.dataplane.served import load_dataset
 
-        dataset = await asyncio.to_thread(load_dataset, spec, name, opts.avg_chunk_bytes)
-        yield OpenedSource(kind, name, dataset.manifest, LocalChunkSource(dataset), 2)
-        return
-    if kind == "http-dir":
+@dataclass(frozen=True)
+class WebDirSource(Source):
+    """A web server's directory listing: crawled, downloaded and chunked here."""
+
+    kind: ClassVar[str] = "http-dir"
+
+    @asynccontextmanager
+    async def open(self, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
         from netopt.cache.httpdir import open_http_dir
 
-        args = (spec, name, opts.client, opts.avg_chunk_bytes, opts.state_dir)
-        async with open_http_dir(*args) as opened_dir:
-            yield opened_dir
-        return
-    if kind == "s3":
+        args = (self.text, self.name, opts.client, opts.avg_chunk_bytes, opts.state_dir)
+        async with open_http_dir(*args) as files:
+            yield _opened_files(self.kind, self.name, files)
+
+
+@dataclass(frozen=True)
+class S3Source(Source):
+    """Objects under a bucket prefix of an S3-compatible service, chunked here."""
+
+    bucket: S3Url
+
+    kind: ClassVar[str] = "s3"
+
+    @asynccontextmanager
+    async def open(self, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
         from netopt.cache.s3 import open_s3
 
-        s3_args = (spec, name, opts.client, opts.s3, opts.avg_chunk_bytes, opts.state_dir)
-        async with open_s3(*s3_args) as opened_s3:
-            yield opened_s3
-        return
-    if kind == "netopt":
-        url = parse_dataset_url(spec)
-    else:
-        match = _MANIFEST_URL_RE.match(spec)
-        assert match is not None
-        scheme, host, port, served_name, _ = match.groups()
-        checked = parse_dataset_url(f"netopt://{host}:{port}/{served_name}")
-        url = _HttpsDatasetUrl(checked.host, checked.port, checked.name, scheme)
-    async with HttpChunkSource(url, replace(opts.client, streams=MAX_CONNECTIONS)) as source:
-        yield await _open_served(url, kind, opts, source)
+        args = (self.bucket, self.name, opts.client, opts.s3, opts.avg_chunk_bytes, opts.state_dir)
+        async with open_s3(*args) as files:
+            yield _opened_files(self.kind, self.name, files)

@@ -22,22 +22,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from netopt.cache.residency import check_residency, find_spec
-from netopt.cache.sources import OpenedSource, SourceOptions, open_source, source_name
+from netopt.cache.sources import OpenedSource, Source, SourceOptions, parse_source
 from netopt.cache.store import Cache
 from netopt.cache.synctotals import SyncTotals, record_sync
 from netopt.config.datasets import DatasetsSettings
-from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource
-from netopt.dataplane.httpsource import ClientOptions, HttpChunkSource
 from netopt.dataplane.sync import sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
-from netopt.errors import DatasetChangedError, NetoptError, StorageError
+from netopt.errors import DatasetChangedError, StorageError
 from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import TransferPlan
 
 if TYPE_CHECKING:
     # Region sharing is imported when a sync uses it: a plain sync starts faster.
-    from netopt.cache.shared import RegionSharing, SharedChunkSource, SharingOptions
+    from netopt.cache.shared import RegionSharing, SharingOptions
 
 log = logging.getLogger(__name__)
 
@@ -286,43 +284,6 @@ class SyncReport:
         return out
 
 
-async def _join_sharing(
-    options: SharingOptions,
-    opened: OpenedSource,
-    cache: Cache,
-    stack: contextlib.AsyncExitStack,
-) -> tuple[RegionSharing, SharedChunkSource] | str:
-    """Open the catalogue session; the reason as a string when sharing is not possible."""
-    from netopt.cache.shared import RegionSharing, SharedChunkSource
-    from netopt.wire.client import CoordinatorClient
-
-    client = await stack.enter_async_context(
-        CoordinatorClient(options.coordinator_url, options.token, timeout_s=options.timeout_s)
-    )
-    sharing = RegionSharing(client, options, opened.manifest)
-    for chunk_id in opened.manifest.unique_chunks():
-        if cache.has(chunk_id):
-            sharing.stored(chunk_id)  # what this node already holds, peers may fetch
-    try:
-        await sharing.join()
-    except NetoptError as exc:
-        log.warning("syncing without region sharing: %s", exc)
-        return str(exc)
-    stack.push_async_callback(sharing.close)
-    flusher = asyncio.get_running_loop().create_task(sharing.flush_forever())
-
-    async def stop_flusher() -> None:
-        flusher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await flusher
-
-    stack.push_async_callback(stop_flusher)
-    peer_options = ClientOptions(token=options.token, streams=options.peer_streams)
-    source = SharedChunkSource(opened.source, sharing, peer_options)
-    stack.push_async_callback(source.aclose)
-    return sharing, source
-
-
 async def _sync_into_cache(
     req: SyncRequest, opened: OpenedSource, cache: Cache, on_progress: ProgressCallback | None
 ) -> tuple[SyncSummary, int, dict[str, Any] | None]:
@@ -337,11 +298,13 @@ async def _sync_into_cache(
         async with contextlib.AsyncExitStack() as stack:
             sharing: RegionSharing | None = None
             if req.sharing is not None:
-                joined = await _join_sharing(req.sharing, opened, cache, stack)
+                from netopt.cache.shared import join_region
+
+                joined = await join_region(req.sharing, manifest, source, cache.has, stack)
                 if isinstance(joined, str):
                     shared = {"enabled": False, "reason": joined}
                 else:
-                    sharing, source = joined
+                    sharing, source = joined.sharing, joined.source
                     sink = CacheSink(cache, sharing.stored)
                     opts = replace(opts, start_fraction=sharing.stats.start_fraction)
             summary = await sync_manifest(
@@ -361,8 +324,9 @@ async def _sync_into_cache(
 async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None) -> SyncReport:
     """Sync SOURCE into DEST through the cache at ``req.cache_dir``.
 
-    Refuses with ResidencyError (before contacting the source) when the catalogue
-    forbids this region; raises what `open_source` and `sync_manifest` raise, and
+    Refuses with ValidationError for a bad SOURCE (`parse_source`) and with
+    ResidencyError when the catalogue forbids this region, both before contacting the
+    source; raises what `Source.open` and `sync_manifest` raise, and
     StorageError for a full disk or a cache too small for the dataset. A sync
     killed at any point leaves the cache consistent; the next one fetches only
     the chunks not yet cached.
@@ -374,14 +338,15 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     the origin's current one when it ends.
     """
     started_s = time.monotonic()
-    name = source_name(req.source, req.source_options.name)
+    source = parse_source(req.source, req.source_options.name)
+    name = source.name
     if req.catalogue is not None:
         check_residency(find_spec(req.catalogue, name, req.source), req.region)
     source_options = req.source_options
     if source_options.state_dir is None:
         source_options = replace(source_options, state_dir=str(Path(req.cache_dir) / "sources"))
     try:
-        report = await _run_sync_restarting(req, source_options, on_progress, started_s)
+        report = await _run_sync_restarting(req, source, source_options, on_progress, started_s)
     except Exception:
         if not req.dry_run:
             failed = SyncTotals(runs_failed=1, seconds=time.monotonic() - started_s)
@@ -409,6 +374,7 @@ def _totals_of(report: SyncReport) -> SyncTotals:
 
 async def _run_sync_restarting(
     req: SyncRequest,
+    source: Source,
     source_options: SourceOptions,
     on_progress: ProgressCallback | None,
     started_s: float,
@@ -416,7 +382,7 @@ async def _run_sync_restarting(
     """`_run_sync_once`, started again on each new version the origin publishes meanwhile."""
     for restart in range(MAX_VERSION_RESTARTS + 1):
         try:
-            report = await _run_sync_once(req, source_options, on_progress)
+            report = await _run_sync_once(req, source, source_options, on_progress)
         except DatasetChangedError as exc:
             if restart == MAX_VERSION_RESTARTS:
                 raise DatasetChangedError(
@@ -430,10 +396,13 @@ async def _run_sync_restarting(
 
 
 async def _run_sync_once(
-    req: SyncRequest, source_options: SourceOptions, on_progress: ProgressCallback | None
+    req: SyncRequest,
+    source: Source,
+    source_options: SourceOptions,
+    on_progress: ProgressCallback | None,
 ) -> SyncReport:
     """One pass of `run_sync` on the version the source offers now."""
-    async with open_source(req.source, source_options) as opened:
+    async with source.open(source_options) as opened:
         cache = await asyncio.to_thread(Cache.open, req.cache_dir, req.capacity_bytes)
         try:
             dest_files = await asyncio.to_thread(scan_dest, Path(req.dest), opened.manifest)
@@ -444,7 +413,7 @@ async def _run_sync_once(
             if not req.dry_run:
                 await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
                 summary, evicted, shared = await _sync_into_cache(req, opened, cache, on_progress)
-                await _check_still_current(opened, req.sharing is not None)
+                await opened.check_still_current(shared=req.sharing is not None)
         except BaseException:
             # Keep the first error (a full disk also fails the index write).
             with contextlib.suppress(StorageError):
@@ -464,28 +433,5 @@ async def _run_sync_once(
         evicted_chunks=evicted,
         sharing=shared,
         link_figures=opened.link_figures.to_dict() if opened.link_figures else None,
-        levels_over_time=_levels_over_time(opened.source),
+        levels_over_time=opened.levels_over_time(),
     )
-
-
-def _levels_over_time(source: ChunkSource) -> list[dict[str, float | int]] | None:
-    """The adaptive level's samples of a netopt server source; None for other sources."""
-    adapter = source.adapter if isinstance(source, HttpChunkSource) else None
-    return adapter.to_list() if adapter is not None else None
-
-
-async def _check_still_current(opened: OpenedSource, sharing: bool) -> None:
-    """DatasetChangedError when a served origin moved on while DEST was being written
-    (DEST then holds the older version whole; the restart brings the delta). With region
-    sharing (chunks from peers too, maybe after the origin's last stream) it always asks."""
-    source = opened.source
-    if not isinstance(source, HttpChunkSource):
-        return
-    if not sharing and source.version_at_end() == opened.manifest.manifest_id:
-        # Every chunk came over streams whose server named this version after its last
-        # read: the check rode on their ends, no request (a round trip) needed.
-        trace.count("version_check_on_stream_end")
-        return
-    info = await source.fetch_info()
-    if info.manifest_id != opened.manifest.manifest_id:
-        raise DatasetChangedError(f"{source.url}: the dataset changed while it was being synced")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 
-from netopt.cache.sources import SourceOptions, open_source, source_kind
+from netopt.cache.sources import Source, SourceOptions, parse_source
 from netopt.cache.store import Cache
 from netopt.dataplane.chunkio import decode_chunk
 from netopt.errors import IntegrityError, NetworkError, StorageError
@@ -62,14 +62,14 @@ def scan_chunks(cache: Cache) -> tuple[int, list[str]]:
 
 
 async def repair_from(
-    cache: Cache, source: str, wanted: dict[str, int], opts: SourceOptions, repaired: list[str]
+    cache: Cache, source: Source, wanted: dict[str, int], opts: SourceOptions, repaired: list[str]
 ) -> None:
     """Fetch ``wanted`` chunks (name -> length) from SOURCE, verify and store them,
     appending each stored one to ``repaired`` (so it holds them when an error stops it).
 
     Chunks the source does not hold are skipped; StorageError / NetworkError propagate.
     """
-    async with open_source(source, opts) as opened:
+    async with source.open(opts) as opened:
         offered = opened.manifest.unique_chunks()
         for cid, length in sorted(wanted.items()):
             if offered.get(cid) != length:
@@ -89,8 +89,11 @@ async def verify_cache(
     """Check every chunk; with ``source``, fetch the corrupt and missing ones again.
 
     A repair that fails (a full disk, the source gone) ends the repairs and is listed
-    in the report's ``errors``. Raises StorageError when a chunk cannot be read.
+    in the report's ``errors``. Raises ValidationError for a bad ``source`` (before any
+    chunk is checked) and StorageError when a chunk cannot be read.
     """
+    base = opts or SourceOptions()
+    origin = parse_source(source, base.name) if source is not None else None
     checked, corrupt = await asyncio.to_thread(scan_chunks, cache)
     errors: list[str] = []
     try:
@@ -100,10 +103,10 @@ async def verify_cache(
         errors.append(f"cannot tell which chunks the datasets need: {exc}")
     missing = sorted(c for c in needed if not cache.has(c) and c not in corrupt)
     repaired: list[str] = []
-    if source is not None:
+    if origin is not None:
         wanted = {c: needed[c] for c in [*corrupt, *missing] if c in needed}
         try:
-            await _repair(cache, source, opts, wanted, repaired)
+            await _repair(cache, origin, base, wanted, repaired)
         except (StorageError, NetworkError) as exc:
             errors.append(f"repair stopped: {exc}")
     return VerifyReport(checked, tuple(corrupt), tuple(missing), tuple(repaired), tuple(errors))
@@ -111,16 +114,15 @@ async def verify_cache(
 
 async def _repair(
     cache: Cache,
-    source: str,
-    opts: SourceOptions | None,
+    source: Source,
+    base: SourceOptions,
     wanted: dict[str, int],
     repaired: list[str],
 ) -> None:
     """Repair ``wanted`` from SOURCE into ``repaired``; a directory is chunked as each
     cached dataset was cut."""
-    base = opts or SourceOptions()
     sizes = {base.avg_chunk_bytes}
-    if source_kind(source) == "path":
+    if source.recut_on_open:
         sizes = {cache.manifest(name).avg_chunk_bytes for name in list(cache.datasets)}
     for avg_chunk_bytes in sorted(sizes):
         left = {c: n for c, n in wanted.items() if c not in repaired}

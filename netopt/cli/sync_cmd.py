@@ -228,7 +228,7 @@ def sync_command(
         if prefetch.start(source, token, streams or prefetch.WARM_CONNECTIONS, warm_cc):
             click.get_current_context().call_on_close(prefetch.discard)
 
-    from netopt.cache.s3 import S3Options
+    from netopt.cache.s3url import S3Options
     from netopt.cache.sources import SourceOptions
     from netopt.cache.syncer import SyncRequest, run_sync
     from netopt.config.node import resolve_node

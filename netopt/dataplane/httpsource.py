@@ -62,6 +62,7 @@ __all__ = [
     "DatasetInfo",
     "DatasetUrl",
     "HttpChunkSource",
+    "checked_dataset_url",
     "parse_dataset_url",
     "stall_timeout_s",
 ]
@@ -101,12 +102,14 @@ class DatasetUrl:
     host: str
     port: int
     name: str
+    scheme: str | None = None
+    """``http`` or ``https`` for a server named by its manifest URL; None for
+    ``netopt://``, which speaks TLS exactly when the cluster CA is set (netopt.tlsconf)."""
 
     @property
     def base(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        # netopt:// speaks TLS exactly when the cluster CA is set (netopt.tlsconf).
-        return f"{data_scheme()}://{host}:{self.port}"
+        return f"{self.scheme or data_scheme()}://{host}:{self.port}"
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -119,12 +122,20 @@ def parse_dataset_url(url: str) -> DatasetUrl:
     if not match:
         raise ValidationError(f"{url!r} is not a dataset URL (expected netopt://HOST:PORT/NAME)")
     host, port_text, name = match.groups()
+    return checked_dataset_url(url, host, port_text, name)
+
+
+def checked_dataset_url(
+    text: str, host: str, port_text: str, name: str, scheme: str | None = None
+) -> DatasetUrl:
+    """The `DatasetUrl` of the parts ``text`` was matched into (a host, bracketed when
+    IPv6); ValidationError naming ``text`` for a port out of range or a name not allowed."""
     port = int(port_text)
     if not 0 < port < 65536:
-        raise ValidationError(f"{url!r}: port {port} is out of range")
+        raise ValidationError(f"{text!r}: port {port} is out of range")
     if not is_dataset_name(name):
-        raise ValidationError(f"{url!r}: dataset name {name!r} is not allowed")
-    return DatasetUrl(host.strip("[]"), port, name)
+        raise ValidationError(f"{text!r}: dataset name {name!r} is not allowed")
+    return DatasetUrl(host.strip("[]"), port, name, scheme)
 
 
 @dataclass(frozen=True)

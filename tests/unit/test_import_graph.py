@@ -48,6 +48,12 @@ def test_every_package_has_a_layer_and_no_edge_points_up_but_the_known_one() -> 
     assert main(["--check"]) == 0
 
 
+def test_the_data_plane_never_imports_the_cache_above_it() -> None:
+    graph = package_graph()
+    assert layer_of("dataplane") < layer_of("cache")
+    assert "cache" not in graph["dataplane"], graph["dataplane"]
+
+
 def test_an_upward_edge_is_found() -> None:
     graph = {"errors": set(), "config": {"errors", "cache"}, "cache": {"config"}}
     assert upward_edges(graph) == [("config", "cache")]
