@@ -49,16 +49,30 @@ def init_command(directory: str, name: str, days: int, force: bool, as_json: boo
 
 
 def _issue(
-    node: str, directory: str, dns: tuple[str, ...], ips: tuple[str, ...], days: int, force: bool
+    node: str,
+    directory: str,
+    dns: tuple[str, ...],
+    ips: tuple[str, ...],
+    days: int,
+    force: bool,
+    out: str | None = None,
 ) -> dict[str, str]:
     from netopt.tlsca import CA_CERT, CA_KEY, issue_cert, node_files, read_pair, write_files
 
     root = Path(directory)
     ca = read_pair(root / CA_CERT, root / CA_KEY)
     pair = issue_cert(ca, node, dt.datetime.now(dt.UTC), dns=dns, ips=ips, days=days)
-    cert_file, key_file = node_files(root, node)
-    write_files({cert_file: pair.cert_pem, key_file: pair.key_pem}, force=force)
-    return {"cert": str(cert_file), "key": str(key_file), "ca": str(root / CA_CERT)}
+    if out is None:
+        cert_file, key_file = node_files(root, node)
+        write_files({cert_file: pair.cert_pem, key_file: pair.key_pem}, force=force)
+        return {"cert": str(cert_file), "key": str(key_file), "ca": str(root / CA_CERT)}
+    # Everything the node needs in a directory of its own (the CA's certificate, never
+    # its key): a Kubernetes init container writes it for the agent beside it.
+    cert_file, key_file = node_files(Path(out), node)
+    ca_copy = Path(out) / CA_CERT
+    write_files({cert_file: pair.cert_pem, key_file: pair.key_pem, ca_copy: ca.cert_pem},
+                force=force)  # fmt: skip
+    return {"cert": str(cert_file), "key": str(key_file), "ca": str(ca_copy)}
 
 
 def _issue_options(func: click.decorators.FC) -> click.decorators.FC:
@@ -72,6 +86,9 @@ def _issue_options(func: click.decorators.FC) -> click.decorators.FC:
                      "advertised address."),
         click.option("--days", type=click.IntRange(1, 3650), default=365, show_default=True,
                      help="How long the certificate is valid."),
+        click.option("--out", type=_DIR, default=None,
+                     help="Write NODE.pem, NODE-key.pem and a copy of ca.pem here instead "
+                     "of the CA's directory (ca-key.pem is never copied)."),
         click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON."),
     ]):  # fmt: skip
         func = option(func)
@@ -87,22 +104,29 @@ def issue_command(
     dns: tuple[str, ...],
     ips: tuple[str, ...],
     days: int,
+    out: str | None,
     as_json: bool,
     force: bool,
 ) -> int:
     """Issue NODE's certificate (server and client use) naming NODE, --dns and --ip."""
-    return _written(as_json, _issue(node, directory, dns, ips, days, force))
+    return _written(as_json, _issue(node, directory, dns, ips, days, force, out))
 
 
 @tls_group.command("renew")
 @_issue_options
 def renew_command(
-    node: str, directory: str, dns: tuple[str, ...], ips: tuple[str, ...], days: int, as_json: bool
+    node: str,
+    directory: str,
+    dns: tuple[str, ...],
+    ips: tuple[str, ...],
+    days: int,
+    out: str | None,
+    as_json: bool,
 ) -> int:
     """Re-issue NODE's certificate (a new key and validity; same names: give them again).
 
     Clients use the new files at their next connection, running servers within 30 s."""
-    return _written(as_json, _issue(node, directory, dns, ips, days, force=True))
+    return _written(as_json, _issue(node, directory, dns, ips, days, True, out))
 
 
 @tls_group.command("show")

@@ -111,7 +111,7 @@ def test_each_region_gets_its_agents_on_gpu_nodes_with_its_own_config(tmp_path: 
         assert spec["hostNetwork"] is True
         agent = spec["containers"][0]
         for probe in ("readinessProbe", "livenessProbe"):
-            assert agent[probe]["httpGet"] == {"path": "/healthz", "port": 7470}
+            assert agent[probe]["httpGet"] == {"path": "/healthz", "port": 7470, "scheme": "HTTPS"}
         assert agent["resources"]["limits"]["memory"]
         assert agent["securityContext"]["allowPrivilegeEscalation"] is False
         # The DaemonSet mounts the generated ConfigMap of its region, and that config is valid.
@@ -120,14 +120,62 @@ def test_each_region_gets_its_agents_on_gpu_nodes_with_its_own_config(tmp_path: 
         path = tmp_path / f"agent-{region}.yaml"
         path.write_text(config_map["data"]["agent.yaml"])
         assert yaml.safe_load(path.read_text())["region"] == region
-        _config_check(path, "agent")
+        _config_check(path, "agent", _agent_tls_env(spec))
     (coordinator_map,) = [m for name, m in maps.items() if name.startswith("netopt-coordinator")]
     path = tmp_path / "coordinator.yaml"
     path.write_text(coordinator_map["data"]["coordinator.yaml"])
     _config_check(path, "coordinator")
+    _assert_coordinator_tls(_by_kind(docs, "StatefulSet")[0], path)
     for workload in _by_kind(docs, "DaemonSet") + _by_kind(docs, "StatefulSet"):
         for container in _containers(workload):
             assert container["image"] == "registry.example.internal/netopt:0.1.0"
+
+
+def _agent_tls_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The agent's TLS as the DaemonSet sets it, checked against what node-cert writes."""
+    (init,) = [c for c in spec["initContainers"] if c["name"] == "node-cert"]
+    args = init["args"]
+    assert args[:3] == ["tls", "issue", "$(NODE)"]
+    out = args[args.index("--out") + 1]
+    assert args[args.index("--ip") + 1] == "$(HOST_IP)"
+    init_env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in init["env"]}
+    assert init_env == {"NODE": "spec.nodeName", "HOST_IP": "status.hostIP"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    ca_volume = volumes[mounts[args[args.index("--dir") + 1]]]
+    assert ca_volume["secret"]["secretName"] == "netopt-ca"
+    assert volumes[mounts[out]]["emptyDir"]["medium"] == "Memory"
+    agent = spec["containers"][0]
+    # The agent sees the node's files, never the CA's directory (its key).
+    assert {m["name"] for m in agent["volumeMounts"]} >= {mounts[out]}
+    assert mounts[args[args.index("--dir") + 1]] not in {m["name"] for m in agent["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    # Kubernetes expands $(VAR) from variables defined earlier in the list.
+    names = [e["name"] for e in agent["env"]]
+    assert names.index("NETOPT_AGENT__NODE") < names.index("NETOPT_AGENT__TLS__CERT")
+    tls = {k: v.replace("$(NETOPT_AGENT__NODE)", "gpu-node-7")
+           for k, v in env.items() if k.startswith("NETOPT_AGENT__TLS__") and v}  # fmt: skip
+    assert tls == {"NETOPT_AGENT__TLS__CERT": f"{out}/gpu-node-7.pem",
+                   "NETOPT_AGENT__TLS__KEY": f"{out}/gpu-node-7-key.pem"}  # fmt: skip
+    return tls
+
+
+def _assert_coordinator_tls(sts: dict[str, Any], config: Path) -> None:
+    tls = yaml.safe_load(config.read_text())["tls"]
+    spec = sts["spec"]["template"]["spec"]
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "tls"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "netopt-coordinator-tls"
+    assert sorted(tls) == ["ca", "cert", "key"]
+    assert all(Path(tls[k]).parent == Path(mount["mountPath"]) for k in tls)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert spec["containers"][0][probe]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_shipped_kubernetes_configs_run_tls_not_plaintext() -> None:
+    for path in (DEPLOY / "kubernetes").rglob("*.yaml"):
+        assert "allow_plaintext" not in path.read_text(), path
+        assert "http://netopt-coordinator" not in path.read_text(), path
 
 
 def test_one_region_overlay_renders_alone() -> None:
@@ -137,8 +185,9 @@ def test_one_region_overlay_renders_alone() -> None:
         _validate(doc)
 
 
-def _config_check(path: Path, kind: str) -> None:
-    env = {"NETOPT_TOKEN": "k8s-test-token-0123456789", "PATH": "/usr/bin:/bin"}
+def _config_check(path: Path, kind: str, extra_env: dict[str, str] | None = None) -> None:
+    env = {"NETOPT_TOKEN": "k8s-test-token-0123456789", "PATH": "/usr/bin:/bin",
+           **(extra_env or {})}  # fmt: skip
     done = subprocess.run(
         [*NETOPT, "config", "check", "--kind", kind, str(path)],
         cwd=REPO, env=env, capture_output=True, text=True, check=False,
@@ -419,3 +468,4 @@ def test_postgres_variant_runs_two_replicas_with_a_disruption_budget(tmp_path: P
     path = tmp_path / "coordinator.yaml"
     path.write_text(text)
     _config_check(path, "coordinator")
+    _assert_coordinator_tls(deployment, path)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -102,6 +103,29 @@ def test_tls_init_and_issue_write_0600_files_and_never_overwrite(
     assert run_cli(["tls", "renew", "n1", "--dir", str(root), "--ip", "127.0.0.1"]) == 0
     assert (root / "n1-key.pem").read_bytes() != key_before
     assert (root / "n1-key.pem").stat().st_mode & 0o777 == 0o600
+
+
+def test_tls_issue_out_writes_a_node_directory_without_the_ca_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out``: what a Kubernetes init container writes for the agent beside it."""
+    ca_dir, node_dir = tmp_path / "ca", tmp_path / "node"
+    assert run_cli(["tls", "init", "--dir", str(ca_dir)]) == 0
+    capsys.readouterr()
+    argv = ["tls", "issue", "n1", "--dir", str(ca_dir), "--out", str(node_dir),
+            "--ip", "127.0.0.1", "--json"]  # fmt: skip
+    assert run_cli(argv) == 0
+    assert json.loads(capsys.readouterr().out)["ca"] == str(node_dir / "ca.pem")
+    assert sorted(p.name for p in node_dir.iterdir()) == ["ca.pem", "n1-key.pem", "n1.pem"]
+    assert sorted(p.name for p in ca_dir.iterdir()) == ["ca-key.pem", "ca.pem"]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in node_dir.iterdir())
+    assert (node_dir / "ca.pem").read_bytes() == (ca_dir / "ca.pem").read_bytes()
+    # The pair loads and chains to the copied CA.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(node_dir / "n1.pem", node_dir / "n1-key.pem")
+    ctx.load_verify_locations(node_dir / "ca.pem")
+    assert run_cli(argv) == 2  # kept without --force, as in the CA's directory
+    assert run_cli([*argv, "--force"]) == 0
 
 
 def test_status_over_tls_and_mutual_tls(
