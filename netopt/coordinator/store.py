@@ -40,6 +40,7 @@ from netopt.wire.schema import LinkSummary
 __all__ = [
     "INSERT_SUMMARY",
     "NODE_COLUMNS",
+    "NODE_NAMES",
     "SCHEMA_VERSION",
     "WAL_SIZE_LIMIT_BYTES",
     "BatchToStore",
@@ -139,6 +140,10 @@ class Store:
         rows = self._db.execute(f"{NODE_COLUMNS} ORDER BY name").fetchall()
         return [node_from_row(r) for r in rows]
 
+    def nodes_changed(self, cursor: int | None) -> tuple[list[StoredNode], int | None]:
+        """Every row (one writer: a replica of its own has nothing to follow)."""
+        return self.nodes(), None
+
     def node(self, name: str) -> StoredNode | None:
         """One registry row, or None."""
         row = self._db.execute(f"{NODE_COLUMNS} WHERE name = ?", (name,)).fetchone()
@@ -147,7 +152,7 @@ class Store:
     def save_node(self, node: StoredNode) -> None:
         """Insert or replace a registry row."""
         self._write(
-            "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO nodes ({NODE_NAMES}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 node.name,
                 node.region,
@@ -257,10 +262,10 @@ class Store:
         return int(deleted.rowcount)
 
 
-NODE_COLUMNS = (
-    "SELECT name, region, host, registration_json, registered_at_s, last_seen_s,"
-    " left_at_s, health_json FROM nodes"
+NODE_NAMES = (
+    "name, region, host, registration_json, registered_at_s, last_seen_s, left_at_s, health_json"
 )
+NODE_COLUMNS = f"SELECT {NODE_NAMES} FROM nodes"
 
 
 def node_from_row(r: Sequence[Any]) -> StoredNode:
