@@ -33,7 +33,6 @@ from netopt.coordinator.matrix_query import POSTGRES_SQL, pair_entries, region_p
 from netopt.coordinator.store import (
     INSERT_SUMMARY,
     NODE_COLUMNS,
-    NODE_NAMES,
     node_from_row,
     summary_row,
 )
@@ -221,7 +220,8 @@ class PgStore:
         self._guard(
             "saving a node",
             lambda: self._conn().execute(
-                f"INSERT INTO nodes ({NODE_NAMES}, changed_xid)"
+                "INSERT INTO nodes (name, region, host, registration_json, registered_at_s,"
+                " last_seen_s, left_at_s, health_json, changed_xid)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, pg_current_xact_id())"
                 " ON CONFLICT (name) DO UPDATE SET region = excluded.region,"
                 " host = excluded.host, registration_json = excluded.registration_json,"

@@ -40,7 +40,6 @@ from netopt.wire.schema import LinkSummary
 __all__ = [
     "INSERT_SUMMARY",
     "NODE_COLUMNS",
-    "NODE_NAMES",
     "SCHEMA_VERSION",
     "WAL_SIZE_LIMIT_BYTES",
     "BatchToStore",
@@ -152,7 +151,9 @@ class Store:
     def save_node(self, node: StoredNode) -> None:
         """Insert or replace a registry row."""
         self._write(
-            f"INSERT OR REPLACE INTO nodes ({NODE_NAMES}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO nodes (name, region, host, registration_json,"
+            " registered_at_s, last_seen_s, left_at_s, health_json)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 node.name,
                 node.region,
@@ -262,10 +263,10 @@ class Store:
         return int(deleted.rowcount)
 
 
-NODE_NAMES = (
-    "name, region, host, registration_json, registered_at_s, last_seen_s, left_at_s, health_json"
+NODE_COLUMNS = (
+    "SELECT name, region, host, registration_json, registered_at_s, last_seen_s,"
+    " left_at_s, health_json FROM nodes"
 )
-NODE_COLUMNS = f"SELECT {NODE_NAMES} FROM nodes"
 
 
 def node_from_row(r: Sequence[Any]) -> StoredNode:
