@@ -34,7 +34,10 @@ a PostgreSQL store (the password from ``PGPASSWORD``; the database should be
 empty) instead of a SQLite file, and reports PostgreSQL's CPU too (every process
 named ``postgres`` on this machine, % of one core; only meaningful for a server
 on loopback). ``--replicas 2`` starts two coordinators on it, agent i talking to
-replica i mod 2; the CPU and RSS reported are the replicas' sum.
+replica i mod 2; the CPU and RSS reported are the replicas' sum. The JSON report also
+gives ``cpu_ms_per_batch`` and ``batches_per_transaction`` (group commit: under CPU
+pressure latency grows, batches share transactions and each costs less CPU, so compare
+CPU per batch only at similar groups).
 
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
         [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
@@ -338,11 +341,28 @@ async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> d
         async with session.get(f"{url}/api/v1/links?window_s={window}") as response:
             links = (await response.json())["links"]
         out["links_query_ms"] = (time.perf_counter() - asked) * 1000
-        async with session.get(f"{url}/metrics") as response:
-            metrics = await response.text()
+        replica_metrics = []
+        for each in urls:
+            async with session.get(f"{each}/metrics") as response:
+                replica_metrics.append(await response.text())
     out["matrix_summaries"] = sum(link["summary_count"] for link in links)
-    out["server"] = _server_side(metrics)
+    out["server"] = _server_side(replica_metrics[0])
+    # Group commit: batches arriving together share a transaction, so the CPU a batch costs
+    # falls as latency (and so the groups) grow: compare CPU per batch at similar groups.
+    transactions = sum(map(_ingest_transactions, replica_metrics))
+    out["ingest_transactions"] = transactions
+    out["batches_per_transaction"] = len(out["latency_ms"]) / transactions if transactions else None
     return out
+
+
+def _ingest_transactions(metrics: str) -> int:
+    """Ingest transactions since the start (the store latency histogram's count)."""
+    for line in metrics.splitlines():
+        if line.startswith("netopt_coordinator_store_duration_seconds_count") and (
+            'operation="ingest"' in line
+        ):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
 
 
 def _server_side(metrics: str) -> dict[str, float | None]:
@@ -489,6 +509,9 @@ def main() -> int:
         **result,
         "goal_p99_ms": GOAL_P99_MS,
     }
+    report["cpu_ms_per_batch"] = (
+        result["cpu_pct_of_one_core"] * 10 * result["measured_s"] / len(lat) if lat else None
+    )
     report["goal_met"] = report["latency_ms"]["p99"] < GOAL_P99_MS and result["errors"] == 0
     report["all_stored"] = result["matrix_summaries"] == result["stored"]
     lm = report["latency_ms"]

@@ -28,6 +28,7 @@ from netopt.errors import ConfigError, ValidationError
 
 __all__ = [
     "BYTES",
+    "URL_LIST",
     "Invalid",
     "KeyPath",
     "SourceMap",
@@ -43,6 +44,10 @@ KeyPath = tuple[str | int, ...]
 
 BYTES = "bytes"
 """Marker for ``Annotated[int, BYTES]``: accepts ``1048576`` or ``"1MiB"``."""
+URL_LIST = "url-list"
+"""Marker for ``Annotated[str, URL_LIST]``: one URL, several comma-separated, or a YAML
+list of them; kept as the comma-separated string."""
+MAX_URLS = 16
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _SIZE_UNITS = {
@@ -242,6 +247,8 @@ def _describe(tp: Any) -> str:
         return "an integer"
     if tp is float:
         return "a number"
+    if origin is typing.Annotated and URL_LIST in get_args(tp)[1:]:
+        return f"a URL, a list of 1..{MAX_URLS} URLs, or one comma-separated string of them"
     if origin is typing.Annotated:
         return "a byte size such as 1048576 or '64MiB'"
     if origin is Literal:
@@ -272,6 +279,8 @@ def _convert(tp: Any, value: Any, path: KeyPath, source: SourceMap) -> Any:
         return _convert(inner, value, path, source)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _convert_dataclass(tp, value, path, source)
+    if origin is typing.Annotated and URL_LIST in get_args(tp)[1:]:
+        return _url_list(tp, value, path, source)
     if origin is typing.Annotated:
         try:
             return parse_byte_size(value)
@@ -295,6 +304,21 @@ def _convert(tp: Any, value: Any, path: KeyPath, source: SourceMap) -> Any:
             {str(k): _convert(value_tp, v, (*path, str(k)), source) for k, v in value.items()}
         )
     return _convert_scalar(tp, value, path, source)
+
+
+def _url_list(tp: Any, value: Any, path: KeyPath, source: SourceMap) -> str:
+    """A URL-list key's value as one comma-separated string (what its users split)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _fail(source, path, f"is {_kind(value)}", _describe(tp))
+    if not 1 <= len(value) <= MAX_URLS:
+        raise _fail(source, path, f"has {len(value)} entries", _describe(tp))
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip() or "," in item:
+            raise _fail(source, (*path, index), f"is {_kind(item)}", "one URL, such as"
+                        " https://HOST:7460")  # fmt: skip
+    return ",".join(item.strip() for item in value)
 
 
 def _kind(value: Any) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from netopt.config.common import ListenAddress, TlsSettings, check_name
-from netopt.config.loader import BYTES, Invalid, bounded
+from netopt.config.loader import BYTES, URL_LIST, Invalid, bounded
 
 __all__ = [
     "AgentSettings",
@@ -76,8 +76,9 @@ class AgentSettings:
 
     node: str
     region: str
-    # One URL, or several comma-separated (replicas): the client moves on when one fails.
-    coordinator_url: str = f"http://127.0.0.1:{DEFAULT_COORDINATOR_PORT}"
+    # One URL, or several (replicas; a YAML list or one comma-separated string): the
+    # client moves on when one fails. Kept as the comma-separated string.
+    coordinator_url: Annotated[str, URL_LIST] = f"http://127.0.0.1:{DEFAULT_COORDINATOR_PORT}"
     token: str | None = None
     token_file: str | None = None
     listen: ListenAddress = field(default_factory=lambda: ListenAddress(port=DEFAULT_AGENT_PORT))
@@ -97,8 +98,9 @@ class AgentSettings:
         urls = [u.strip() for u in self.coordinator_url.split(",")]
         if not all(u.startswith(("http://", "https://")) for u in urls):
             raise Invalid(
-                "coordinator_url", "is not an HTTP URL (or a comma-separated list of them)",
-                "http://HOST:PORT or http://HOST1:PORT,http://HOST2:PORT",
+                "coordinator_url", "is not an HTTP URL (or a list of them)",
+                "http://HOST:PORT, a list [http://HOST1:PORT, http://HOST2:PORT]"
+                " or one string http://HOST1:PORT,http://HOST2:PORT",
             )  # fmt: skip
         _check_token(self.token, self.token_file)
 

@@ -30,7 +30,12 @@ import psycopg
 from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest, VersionState
 from netopt.coordinator.matrix import LinkRow
 from netopt.coordinator.matrix_query import POSTGRES_SQL, pair_entries, region_pair_entries
-from netopt.coordinator.store import INSERT_SUMMARY, NODE_COLUMNS, node_from_row, summary_row
+from netopt.coordinator.store import (
+    INSERT_SUMMARY,
+    NODE_COLUMNS,
+    node_from_row,
+    summary_row,
+)
 from netopt.coordinator.storeapi import (
     SCHEMA_VERSION,
     BatchToStore,
@@ -172,6 +177,34 @@ class PgStore:
         rows = self._guard("reading nodes", lambda: self._conn().execute(sql).fetchall())
         return [node_from_row(r) for r in rows]
 
+    def nodes_changed(self, cursor: int | None) -> tuple[list[StoredNode], int | None]:
+        """The rows written by transactions that the read returning ``cursor`` could not
+        see (every row when None), and the next cursor.
+
+        Every write stamps its row with its transaction id (``changed_xid``); the cursor
+        is the oldest transaction still running when this read's snapshot was taken
+        (its ``xmin``): every transaction below it had ended and was seen, so the next
+        read asks for ``changed_xid >= cursor`` and misses none, committed in any order.
+        """
+
+        def read() -> tuple[list[tuple[Any, ...]], int]:
+            db = self._conn()
+            with db.transaction():
+                db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                row = db.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()
+                assert row is not None
+                if cursor is None:
+                    rows = db.execute(f"{NODE_COLUMNS} ORDER BY name").fetchall()
+                else:
+                    rows = db.execute(
+                        f"{NODE_COLUMNS} WHERE changed_xid >= %s::text::xid8 ORDER BY name",
+                        (str(cursor),),
+                    ).fetchall()
+                return rows, int(row[0])
+
+        rows, next_cursor = self._guard("reading changed nodes", read)
+        return [node_from_row(r) for r in rows], next_cursor
+
     def node(self, name: str) -> StoredNode | None:
         """One registry row, or None."""
         sql = f"{NODE_COLUMNS} WHERE name = %s"
@@ -187,12 +220,14 @@ class PgStore:
         self._guard(
             "saving a node",
             lambda: self._conn().execute(
-                "INSERT INTO nodes VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                "INSERT INTO nodes (name, region, host, registration_json, registered_at_s,"
+                " last_seen_s, left_at_s, health_json, changed_xid)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, pg_current_xact_id())"
                 " ON CONFLICT (name) DO UPDATE SET region = excluded.region,"
                 " host = excluded.host, registration_json = excluded.registration_json,"
                 " registered_at_s = excluded.registered_at_s,"
                 " last_seen_s = excluded.last_seen_s, left_at_s = excluded.left_at_s,"
-                " health_json = excluded.health_json",
+                " health_json = excluded.health_json, changed_xid = excluded.changed_xid",
                 args,
             ),
         )
@@ -207,8 +242,8 @@ class PgStore:
             db = self._conn()
             with db.transaction(), db.cursor() as cur:
                 cur.executemany(
-                    "UPDATE nodes SET last_seen_s = %s, health_json = %s"
-                    " WHERE name = %s AND last_seen_s <= %s",
+                    "UPDATE nodes SET last_seen_s = %s, health_json = %s,"
+                    " changed_xid = pg_current_xact_id() WHERE name = %s AND last_seen_s <= %s",
                     [(seen, json.dumps(h), name, seen) for name, seen, h in updates],
                 )
 

@@ -91,6 +91,7 @@ class Coordinator:
         self._plan = _PlanCache()
         self._planning: asyncio.Task[None] | None = None
         self._replan_started_s = float("-inf")
+        self._registry_cursor: int | None = None
         self.leader = False
         self.catalogue: DatasetsSettings | None = None
         if settings.datasets_file is not None:
@@ -107,7 +108,8 @@ class Coordinator:
 
     async def load(self) -> None:
         """Read the registry from the database (after a restart)."""
-        self.nodes = {n.name: n for n in await self.db.call(self.db.store.nodes)}
+        rows, self._registry_cursor = await self.db.call(self.db.store.nodes_changed, None)
+        self.nodes = {n.name: n for n in rows}
         self._generation += 1
 
     def _agent_info(self) -> dict[str, Any]:
@@ -161,13 +163,17 @@ class Coordinator:
     async def refresh_registry(self) -> int:
         """Take the other replicas' registrations, departures and heartbeats from the store.
 
-        A heartbeat this replica holds that is newer than the stored one is kept.
-        Returns how many nodes changed; nothing to do on a store of one's own.
+        Only the rows written since the last read come back (``nodes_changed``), so a
+        quiet registry costs one small query, not a read of the fleet. A heartbeat
+        this replica holds that is newer than the stored one is kept. Returns how
+        many nodes changed; nothing to do on a store of one's own.
         """
         if not self.db.shared:
             return 0
         changed = 0
-        for stored in await self.db.call(self.db.store.nodes):
+        rows, cursor = await self.db.call(self.db.store.nodes_changed, self._registry_cursor)
+        self._registry_cursor = cursor
+        for stored in rows:
             mine = self.nodes.get(stored.name)
             if mine == stored:
                 continue

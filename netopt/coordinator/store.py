@@ -139,6 +139,10 @@ class Store:
         rows = self._db.execute(f"{NODE_COLUMNS} ORDER BY name").fetchall()
         return [node_from_row(r) for r in rows]
 
+    def nodes_changed(self, cursor: int | None) -> tuple[list[StoredNode], int | None]:
+        """Every row (one writer: a replica of its own has nothing to follow)."""
+        return self.nodes(), None
+
     def node(self, name: str) -> StoredNode | None:
         """One registry row, or None."""
         row = self._db.execute(f"{NODE_COLUMNS} WHERE name = ?", (name,)).fetchone()
@@ -147,7 +151,9 @@ class Store:
     def save_node(self, node: StoredNode) -> None:
         """Insert or replace a registry row."""
         self._write(
-            "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO nodes (name, region, host, registration_json,"
+            " registered_at_s, last_seen_s, left_at_s, health_json)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 node.name,
                 node.region,

@@ -65,3 +65,21 @@ def test_agent_config_takes_several_coordinator_urls() -> None:
     assert split_urls(ok.coordinator_url) == ("http://a:7460", "http://b:7460")
     with pytest.raises(ConfigError, match="coordinator_url"):
         parse_settings(text.format("http://a:7460,ftp://b"), "a.yaml")
+
+
+def test_agent_config_takes_coordinator_urls_as_a_yaml_list() -> None:
+    text = "kind: agent\nnode: n1\nregion: r\ncoordinator_url: {}\n"
+    ok = parse_settings(text.format("[http://a:7460, 'https://b:7460']"), "a.yaml")
+    assert ok.coordinator_url == "http://a:7460,https://b:7460"
+    assert split_urls(ok.coordinator_url) == ("http://a:7460", "https://b:7460")
+    block = parse_settings(text.format("\n  - http://a:7460\n  - http://b:7460"), "a.yaml")
+    assert block.coordinator_url == ok.coordinator_url.replace("https", "http")
+    for bad, where in (("[http://a:7460, 5]", r"coordinator_url\[1\]"),
+                       ("[http://a:7460, 'http://b,http://c']", r"coordinator_url\[1\]"),
+                       ("[]", "coordinator_url"), ("{a: 1}", "coordinator_url"),
+                       ("[http://a:7460, ftp://b]", "coordinator_url")):  # fmt: skip
+        with pytest.raises(ConfigError, match=where) as caught:
+            parse_settings(text.format(bad), "a.yaml")
+        message = str(caught.value)
+        assert "a.yaml" in message
+        assert "URL" in message

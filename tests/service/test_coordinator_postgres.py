@@ -161,6 +161,40 @@ async def test_readiness_fails_while_the_database_is_down(
         assert db.execute("SELECT count(*) FROM nodes").fetchone() == (0,)
 
 
+async def test_a_replica_follows_only_what_the_other_changed(
+    aiohttp_client: MakeClient, tmp_path: Path, postgres_server: PgServer
+) -> None:
+    url = postgres_server.new_database()
+    password_file = tmp_path / "pw"
+    password_file.write_text(PASSWORD)
+    a = await _replica(aiohttp_client, tmp_path, url, password_file)
+    b = await _replica(aiohttp_client, tmp_path, url, password_file)
+    ca, cb = a.app[COORDINATOR], b.app[COORDINATOR]
+    for node in ("hk-1", "hk-2", "sg-1"):
+        body = registration(node, node[:2])
+        assert (await a.post("/api/v1/agents/register", json=body, headers=AUTH)).status == 200
+    assert await cb.refresh_registry() == 3
+    assert await cb.refresh_registry() == 0  # nothing written since
+    read: list[int] = []
+    store = cb.db.store
+    changed = store.nodes_changed
+
+    def counting(cursor: int | None) -> Any:
+        rows, next_cursor = changed(cursor)
+        read.append(len(rows))
+        return rows, next_cursor
+
+    store.nodes_changed = counting  # type: ignore[method-assign]
+    heartbeat = await a.post("/api/v1/agents/hk-2/heartbeat", json={"load": 1}, headers=AUTH)
+    assert heartbeat.status == 200
+    await ca.flush_heartbeats()
+    assert (await a.delete("/api/v1/agents/sg-1", headers=AUTH)).status == 200
+    assert await cb.refresh_registry() == 2
+    assert read == [2]  # hk-2's heartbeat and sg-1's departure, not the fleet
+    assert cb.nodes["hk-2"].last_seen_s == ca.nodes["hk-2"].last_seen_s
+    assert cb.state_counts() == {"live": 2, "stale": 0, "left": 1}
+
+
 MANIFEST = "ab" * 32
 
 

@@ -103,6 +103,36 @@ def test_registry_rows_round_trip(opener: Opener) -> None:
     assert (eu.last_seen_s, eu.health) == (200.0, {"load": 0.5})
 
 
+def test_changed_nodes_are_read_after_each_replicas_writes(opener: Opener) -> None:
+    a: CoordinatorStore = opener()
+    b: CoordinatorStore = opener()
+    a.save_node(_node("hk-1", "hk"))
+    a.save_node(_node("eu-1", "eu"))
+    everything, cursor = b.nodes_changed(None)
+    assert everything == b.nodes() == [_node("eu-1", "eu"), _node("hk-1", "hk")]
+    a.touch_nodes([("hk-1", 300.0, {"load": 1.0})])
+    a.save_node(_node("us-1", "us"))
+    changed, cursor = b.nodes_changed(cursor)
+    names = [n.name for n in changed]
+    assert {"hk-1", "us-1"} <= set(names)  # every change, whoever wrote it
+    assert changed[names.index("hk-1")].last_seen_s == 300.0
+    if isinstance(a, Store):
+        assert cursor is None  # one writer: every row, every time
+        return
+    assert names == ["hk-1", "us-1"]  # the unchanged row is not read again
+    assert b.nodes_changed(cursor)[0] == []  # nothing written since
+    # A transaction running across a read is seen by the next one, although it
+    # commits after a younger transaction that the read already saw.
+    slow: Any = opener()
+    with slow._db.transaction():
+        slow.touch_nodes([("eu-1", 400.0, {})])  # its own (nested) transaction: savepoint
+        a.save_node(_node("cn-1", "cn"))
+        changed, cursor = b.nodes_changed(cursor)
+        assert [n.name for n in changed] == ["cn-1"]
+    changed, cursor = b.nodes_changed(cursor)
+    assert "eu-1" in [n.name for n in changed]
+
+
 def test_ingest_stores_a_batch_once_across_replicas(opener: Opener) -> None:
     a: CoordinatorStore = opener()
     b: CoordinatorStore = opener()
@@ -196,9 +226,10 @@ def test_an_older_schema_is_migrated_keeping_its_rows(opener: Opener) -> None:
     store: Any = opener()
     store.ingest([_batch("hk-1", "b1", [1000.0])])
     for statement in ("DROP TABLE catalogue_holdings", "DROP TABLE catalogue_versions",
+                      "ALTER TABLE nodes DROP COLUMN changed_xid",
                       "UPDATE schema_version SET version = 1"):  # fmt: skip
         store._db.execute(statement)
     store.close()
     again: CoordinatorStore = opener()
-    assert again.schema_version() == SCHEMA_VERSION == 2
+    assert again.schema_version() == SCHEMA_VERSION == 3
     assert again.counts() == (1, 1)
