@@ -262,11 +262,14 @@ def train_command(
     hook: str, lab_prefix: str | None, out_dir: Path, timeout_s: float, as_json: bool,
 ) -> int:  # fmt: skip
     """Train a small byte-level language model with DDP twice: defaults against netopt."""
+    import importlib.util
+
     from netopt.cli.bench_train import TrainOptions, run_train_lab, run_train_loopback, summaries
-    from netopt.torch.hooks import import_torch
+    from netopt.errors import DependencyError
     from netopt.torch.trainbench import ModelShape, write_svg
 
-    import_torch()  # DependencyError (exit 2, one line) before anything starts
+    if importlib.util.find_spec("torch") is None:  # the ranks import it; this process need not
+        raise DependencyError("PyTorch is needed: pip install 'netopt[torch]'")
     options = TrainOptions(
         steps=steps, seed=seed, shape=ModelShape(dim, layers, heads, seq), batch=batch,
         shards=shards, shard_bytes=_bytes(shard_size, "--shard-size"), hook=hook,

@@ -458,13 +458,15 @@ def run_train_lab(
         time.sleep(1.0)  # the agents' last packets reach the counters
         before = _border(lab, regions)
         per_node_dir = {n: str(dests[n]) for n in nodes}
-        docs = _lab_ranks(lab, order.advised, {**flags, "hook": hook,
+        psgd_rank = advice.powersgd_rank or 4
+        docs = _lab_ranks(lab, order.advised, {**flags, "hook": hook, "powersgd_rank": psgd_rank,
                           "regions": ",".join(region_of(n) for n in order.advised)},
                           env, deadline.left("netopt's run"), per_node_dir)  # fmt: skip
         after = _border(lab, regions)
         netopt = summarize("netopt", order.advised, docs, setup_s=sync_s, settings={
             "host_cc": {n: _lab_cc(lab, n) for n in nodes}, "doctor_sysctls": fixes,
-            "advice_hook": advice.hook, "advice_reason": advice.hook_reason,
+            "advice_hook": advice.hook, "powersgd_rank": psgd_rank,
+            "advice_reason": advice.hook_reason,
             "advice_notes": list(advice.notes), "hook_why": why,
             "accumulation": None if advice.accumulation is None else {
                 "micro_batches": advice.accumulation.micro_batches,
@@ -477,7 +479,7 @@ def run_train_lab(
         })  # fmt: skip
         netopt.border_bytes = {k: after[k] - before[k] for k in after}
         comm = predicted_comm_s(fabric_after, netopt.grad_bytes, hook, layer_dim=shape.dim,
-                                powersgd_rank=4)  # fmt: skip
+                                powersgd_rank=psgd_rank)  # fmt: skip
         netopt.predicted_comm_s = comm
         netopt.predicted_step_s = predicted_step_s(defaults.compute_s, comm)
         lab_facts = {"prefix": lab.prefix, "origin": origin, "cc": cc,
