@@ -25,6 +25,7 @@ import http.server
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -314,14 +315,26 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 def _lab_ranks(
     lab: Any, order: Sequence[str], flags: dict[str, Any], env: dict[str, dict[str, str]],
-    timeout_s: float, dirs: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """One rank per node of ``order``; ``dirs``: each node's own ``--data-dir``."""
+    timeout_s: float, regions: Sequence[str], dirs: dict[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, int]]:  # fmt: skip
+    """One rank per node of ``order`` (``dirs``: each node's own ``--data-dir``); the
+    ranks' documents and the border bytes per direction between the first step's start
+    and the last step's end (rank 0 marks them; DDP's start-up broadcast is left out)."""
     master = f"{lab.address(order[0])}:{20000 + secrets.randbelow(20000)}"
+    marks = Path(tempfile.mkdtemp(prefix="netopt-train-marks-"))
+    snapshots: dict[str, dict[str, int]] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and len(snapshots) < 2:
+            for name in ("start", "end"):
+                if name not in snapshots and (marks / name).exists():
+                    snapshots[name] = _border(lab, regions)
+            done.wait(0.05)
 
     def argv_for(rank: int) -> list[str]:
         node = order[rank]
-        mine = {"ifname": lab.plan.node(node).ifname}
+        mine = {"ifname": lab.plan.node(node).ifname, "mark_dir": str(marks)}
         if dirs is not None:
             mine["data_dir"] = dirs[node]
         return worker_argv(rank, len(order), master, {**flags, **mine})
@@ -331,7 +344,18 @@ def _lab_ranks(
         return lab.popen(node, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, **env.get(node, {})})  # fmt: skip
 
-    return run_train_ranks(start, argv_for, len(order), timeout_s)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        docs = run_train_ranks(start, argv_for, len(order), timeout_s)
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        shutil.rmtree(marks, ignore_errors=True)
+    if set(snapshots) != {"start", "end"}:
+        raise LabError("the ranks finished without marking their steps' start and end")
+    border = {k: snapshots["end"][k] - snapshots["start"][k] for k in snapshots["end"]}
+    return docs, border
 
 
 def _region_sync(
@@ -423,20 +447,19 @@ def run_train_lab(
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             _wait_http(lab, given[0], url)
-            before = _border(lab, regions)
-            docs = _lab_ranks(lab, given, {**flags, "data_url": url, "hook": "none",
-                                           "regions": ",".join(region_of(n) for n in given)},
-                              {}, deadline.left("the defaults' run"))  # fmt: skip
-            after = _border(lab, regions)
+            docs, border = _lab_ranks(lab, given, {**flags, "data_url": url, "hook": "none",
+                                      "regions": ",".join(region_of(n) for n in given)},
+                                      {}, deadline.left("the defaults' run"), regions)  # fmt: skip
         finally:
             _stop(server)
         defaults = summarize("defaults", given, docs, settings={
             "host_cc": {n: _lab_cc(lab, n) for n in nodes}, "data": f"plain HTTP from {origin}",
         })  # fmt: skip
-        defaults.border_bytes = {k: after[k] - before[k] for k in after}
+        defaults.border_bytes = border
         comm = predicted_comm_s(fabric_before, defaults.grad_bytes, "none", layer_dim=shape.dim)
         defaults.predicted_comm_s = comm
         defaults.predicted_step_s = predicted_step_s(defaults.compute_s, comm)
+        # nccl-env is told the compute the user's meter saw on the defaults' run
         # --- netopt: doctor's fixes, nccl-env's advice, the advised order and hook, the sync
         links_file = work / "links.yaml"
         _links_yaml(links_file, links_before, region_of)
@@ -455,14 +478,13 @@ def run_train_lab(
         env = {n: tuned.env_for(n) for n in nodes}
         dests, sync_s, sync_facts = _region_sync(lab, topology, nodes, origin, shards, work,
                                                  deadline)  # fmt: skip
-        time.sleep(1.0)  # the agents' last packets reach the counters
-        before = _border(lab, regions)
         per_node_dir = {n: str(dests[n]) for n in nodes}
         psgd_rank = advice.powersgd_rank or 4
-        docs = _lab_ranks(lab, order.advised, {**flags, "hook": hook, "powersgd_rank": psgd_rank,
-                          "regions": ",".join(region_of(n) for n in order.advised)},
-                          env, deadline.left("netopt's run"), per_node_dir)  # fmt: skip
-        after = _border(lab, regions)
+        docs, border = _lab_ranks(lab, order.advised, {**flags, "hook": hook,
+                                  "powersgd_rank": psgd_rank,
+                                  "regions": ",".join(region_of(n) for n in order.advised)},
+                                  env, deadline.left("netopt's run"), regions,
+                                  per_node_dir)  # fmt: skip
         netopt = summarize("netopt", order.advised, docs, setup_s=sync_s, settings={
             "host_cc": {n: _lab_cc(lab, n) for n in nodes}, "doctor_sysctls": fixes,
             "advice_hook": advice.hook, "powersgd_rank": psgd_rank,
@@ -477,11 +499,11 @@ def run_train_lab(
             "env": env, "sync_s": sync_s, "sync": sync_facts,
             "data": f"CachedDataset over a region-shared netopt sync from {origin}",
         })  # fmt: skip
-        netopt.border_bytes = {k: after[k] - before[k] for k in after}
+        netopt.border_bytes = border
         comm = predicted_comm_s(fabric_after, netopt.grad_bytes, hook, layer_dim=shape.dim,
                                 powersgd_rank=psgd_rank)  # fmt: skip
         netopt.predicted_comm_s = comm
-        netopt.predicted_step_s = predicted_step_s(defaults.compute_s, comm)
+        netopt.predicted_step_s = predicted_step_s(netopt.compute_s, comm)
         lab_facts = {"prefix": lab.prefix, "origin": origin, "cc": cc,
                      "rank_order": {"given": list(order.given), "advised": list(order.advised),
                                     "border_hops_given": order.border_hops_given,

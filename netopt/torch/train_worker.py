@@ -63,6 +63,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--job", default="bench-train")
     parser.add_argument("--log", help="the StepMeter's JSON-lines log")
+    parser.add_argument("--mark-dir", help="rank 0 creates 'start' and 'end' here around the steps")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
@@ -158,6 +159,13 @@ class _Half:
         return self._tensor
 
 
+def _mark(args: argparse.Namespace, name: str) -> None:
+    """Tell the bench (which reads the lab's byte counters) where the steps begin and end."""
+    if args.mark_dir and args.rank == 0:
+        with open(os.path.join(args.mark_dir, name), "w", encoding="utf-8") as handle:
+            handle.write(f"{time.time()}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; see the module docstring."""
     args = _parse(argv)
@@ -204,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         losses: list[float] = []
         dist.barrier()
+        _mark(args, "start")
         started = time.perf_counter()
         for inputs, targets in meter.batches(_batches(torch, get, args, order)):
             logits = ddp(inputs)
@@ -213,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             losses.append(float(loss.item()))
         elapsed = time.perf_counter() - started
+        _mark(args, "end")
         dist.barrier()
     finally:
         dist.destroy_process_group()
