@@ -38,12 +38,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from netopt.cli.bench_cmd import cross_region_flows
 from netopt.config import LabTopology
 from netopt.errors import LabError, NetworkError, UsageError
 from netopt.nccl.costmodel import Fabric, fabric_from_links
 from netopt.nccl.model import Advice, LinkFigures, Nic, NodeInfo, TuneOptions
 from netopt.nccl.rankorder import rank_order
-from netopt.torch.labfigures import lab_link_figures, lab_nodes, measure_single_stream
+from netopt.torch.labfigures import lab_link_figures, lab_nodes
 from netopt.torch.trainbench import (
     ModelShape,
     RunSummary,
@@ -255,22 +256,10 @@ def _doctor_fixes(lab: Any, nodes: Sequence[str], links_file: Path) -> dict[str,
     return applied
 
 
-def _flows(
-    lab: Any, topology: LabTopology, nodes: Sequence[str]
-) -> dict[frozenset[str], tuple[float, str]]:
-    out: dict[frozenset[str], tuple[float, str]] = {}
-    for i, a in enumerate(nodes):
-        for b in nodes[i + 1 :]:
-            pair = frozenset((topology.region_of(a), topology.region_of(b)))
-            if len(pair) == 2 and pair not in out:
-                out[pair] = measure_single_stream(lab, b, a)
-    return out
-
-
 def _fabric(
     lab: Any, topology: LabTopology, order: Sequence[str]
 ) -> tuple[Fabric, tuple[LinkFigures, ...]]:
-    links = lab_link_figures(lab, topology, order, _flows(lab, topology, order))
+    links = lab_link_figures(lab, topology, order, cross_region_flows(lab, topology, tuple(order)))
     return fabric_from_links(lab_nodes(topology, order), links, flows=1), links
 
 

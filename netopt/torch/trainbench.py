@@ -348,8 +348,8 @@ def predicted_comm_s(
 
 
 def predicted_step_s(compute_s: float, comm_s: float) -> float:
-    """The model's step: compute plus communication, none of it overlapped (an upper
-    bound, the advice's own assumption)."""
+    """The predicted step: ``compute_s`` (the run's own, measured by its StepMeter) plus
+    the cost model's communication, none of it overlapped (the advice's assumption)."""
     return compute_s + comm_s
 
 
