@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -200,29 +201,61 @@ def run_train_ranks(
     """
     procs = [start_rank(rank, argv_for(rank)) for rank in range(ranks)]
     deadline = time.monotonic() + timeout_s
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str]] = [("", "")] * ranks
+    readers = [_Reader(proc) for proc in procs]
     try:
-        for proc in procs:
-            try:
-                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise NetworkError(f"training ran over {timeout_s:g} s") from None
-            outputs.append((out or "", err or ""))
+        while any(proc.poll() is None for proc in procs):
+            failed = [r for r, proc in enumerate(procs) if proc.poll() not in (None, 0)]
+            if failed:  # the others would wait for it until their timeout: stop them now
+                break
+            if time.monotonic() > deadline:
+                raise NetworkError(f"training ran over {timeout_s:g} s")
+            time.sleep(0.1)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=5)
+        outputs = [reader.join() for reader in readers]
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        first = min(failed, key=lambda r: (procs[r].returncode < 0, r))  # the one that failed
+        raise NetworkError(
+            f"train rank {first} exited {procs[first].returncode}: "
+            f"{outputs[first][1].strip()[-1500:]}"
+        )
     documents = []
-    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
-        if proc.returncode != 0:
-            raise NetworkError(f"train rank {rank} exited {proc.returncode}: {err.strip()[-1500:]}")
+    for rank, (out, _err) in enumerate(outputs):
         lines = [x for x in out.splitlines() if x.startswith(RESULT_PREFIX)]
         if not lines:
             raise NetworkError(f"train rank {rank} printed no result")
         documents.append(json.loads(lines[-1][len(RESULT_PREFIX) :]))
     return documents
+
+
+class _Reader:
+    """Drains a process's stdout and stderr on two threads (a full pipe would block it)."""
+
+    def __init__(self, proc: Any) -> None:
+        self.parts = ["", ""]
+        self.threads = [
+            threading.Thread(target=self._drain, args=(i, stream), daemon=True)
+            for i, stream in enumerate((proc.stdout, proc.stderr))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _drain(self, index: int, stream: Any) -> None:
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.parts[index] = stream.read()
+                stream.close()
+
+    def join(self) -> tuple[str, str]:
+        for thread in self.threads:
+            thread.join(timeout=10)
+        return self.parts[0] or "", self.parts[1] or ""
 
 
 @dataclass

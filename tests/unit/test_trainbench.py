@@ -3,12 +3,15 @@ shards from real text, the model's parameter count, the cost model's step."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from netopt.cli.bench_train import choose_hook, interleave
-from netopt.errors import ValidationError
+from netopt.errors import NetworkError, ValidationError
 from netopt.nccl.costmodel import Fabric, Hop
 from netopt.nccl.model import Advice
 from netopt.torch.trainbench import (
@@ -16,6 +19,7 @@ from netopt.torch.trainbench import (
     batch_indices,
     make_shards,
     predicted_comm_s,
+    run_train_ranks,
     sample_order,
     shard_name,
     text_sources,
@@ -82,3 +86,18 @@ def test_hierarchical_prediction_beats_the_flat_ring_on_a_slow_border() -> None:
     # the flat ring moves 2(n-1)/n = 1.5 S per hop over the border, the leaders' ring S
     assert flat > 1.4 * grad * 8 / 90e6
     assert hier < 1.2 * grad * 8 / 90e6 + 0.5
+
+
+def test_a_failed_rank_stops_the_others_at_once() -> None:
+    scripts = [
+        "import sys; print('boom', file=sys.stderr); sys.exit(2)",
+        "import time; time.sleep(60)",
+    ]
+
+    def start(rank: int, argv: list[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="rank 0 exited 2: boom"):
+        run_train_ranks(start, lambda r: [sys.executable, "-c", scripts[r]], 2, 30)
+    assert time.monotonic() - started < 10
