@@ -217,12 +217,40 @@ def _print_train(report: dict[str, Any]) -> None:
     show_default=True,
     help="With --lab: the hosts' congestion control before netopt's advice.",
 )
-@click.option("--steps", type=click.IntRange(2, 10_000), default=20, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--dim", type=click.IntRange(8, 4096), default=256, show_default=True)
-@click.option("--layers", type=click.IntRange(1, 64), default=7, show_default=True)
-@click.option("--heads", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--seq", type=click.IntRange(2, 4096), default=128, show_default=True)
+@click.option(
+    "--steps",
+    type=click.IntRange(2, 10_000),
+    default=20,
+    show_default=True,
+    help="Optimizer steps per run (N).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Weights and data order (the same in both runs).",
+)
+@click.option(
+    "--dim", type=click.IntRange(8, 4096), default=256, show_default=True, help="Model width."
+)
+@click.option(
+    "--layers", type=click.IntRange(1, 64), default=7, show_default=True, help="Transformer layers."
+)
+@click.option(
+    "--heads",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Attention heads (divide --dim).",
+)
+@click.option(
+    "--seq",
+    type=click.IntRange(2, 4096),
+    default=128,
+    show_default=True,
+    help="Context length in tokens (bytes).",
+)
 @click.option(
     "--batch",
     type=click.IntRange(1, 4096),
@@ -230,8 +258,14 @@ def _print_train(report: dict[str, Any]) -> None:
     show_default=True,
     help="Samples per rank and step.",
 )
-@click.option("--shards", type=click.IntRange(1, 10_000), default=16, show_default=True)
-@click.option("--shard-size", default="256KiB", show_default=True)
+@click.option(
+    "--shards",
+    type=click.IntRange(1, 10_000),
+    default=16,
+    show_default=True,
+    help="Token shards cut from the machine's text.",
+)
+@click.option("--shard-size", default="256KiB", show_default=True, help="Bytes per shard.")
 @click.option(
     "--hook",
     type=click.Choice(["auto", *TRAIN_HOOKS]),
