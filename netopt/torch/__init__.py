@@ -10,7 +10,8 @@
   communication-bound.
 - :class:`StepMeter`: per step of the user's loop, the data wait, the gradient
   communication not overlapped and the compute; JSON lines and a Prometheus file.
-- :mod:`netopt.torch.bench`: the all-reduce benchmark behind ``netopt bench allreduce``.
+- :mod:`netopt.torch.bench`: the all-reduce benchmark behind ``netopt bench allreduce``;
+  :mod:`netopt.torch.trainbench` and :mod:`netopt.torch.train_worker`: ``netopt bench train``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,103 @@
+"""The pure parts of ``netopt bench train`` (issue 22): data order, node order, hook choice,
+shards from real text, the model's parameter count, the cost model's step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from netopt.cli.bench_train import choose_hook, interleave
+from netopt.errors import NetworkError, ValidationError
+from netopt.nccl.costmodel import Fabric, Hop
+from netopt.nccl.model import Advice
+from netopt.torch.trainbench import (
+    ModelShape,
+    batch_indices,
+    make_shards,
+    predicted_comm_s,
+    run_train_ranks,
+    sample_order,
+    shard_name,
+    text_sources,
+)
+
+REGION = {"hk-1": "hk", "hk-2": "hk", "hk-3": "hk", "us-1": "us", "us-2": "us"}
+
+
+def test_interleave_alternates_regions_in_listed_order() -> None:
+    nodes = ("hk-1", "hk-2", "hk-3", "us-1", "us-2")
+    assert interleave(nodes, REGION.__getitem__) == ("hk-1", "us-1", "hk-2", "us-2", "hk-3")
+
+
+def test_sample_order_is_a_seeded_permutation_and_ranks_do_not_overlap() -> None:
+    order = sample_order(3, 4096, 63, seed=5)
+    assert order == sample_order(3, 4096, 63, seed=5)
+    assert order != sample_order(3, 4096, 63, seed=6)
+    assert sorted(order) == [(s, w * 64) for s in range(3) for w in range(64)]
+    seen = [i for step in range(2) for r in range(4) for i in batch_indices(step, r, 4, 3)]
+    assert seen == list(range(24))
+    with pytest.raises(ValidationError):
+        sample_order(1, 10, 63, seed=0)
+
+
+def test_shards_are_real_text_and_the_same_twice(tmp_path: Path) -> None:
+    written = make_shards(tmp_path / "a", 2, 4096, text_sources())
+    make_shards(tmp_path / "b", 2, 4096, text_sources())
+    assert written == 8192
+    for i in range(2):
+        data = (tmp_path / "a" / shard_name(i)).read_bytes()
+        assert len(data) == 4096
+        assert data == (tmp_path / "b" / shard_name(i)).read_bytes()
+    assert sum(32 <= b < 127 or b in (9, 10) for b in data) > 0.9 * len(data)
+
+
+def test_model_shape_counts_parameters_and_refuses_bad_heads() -> None:
+    assert ModelShape(256, 7, 4, 128).params == 5_692_928  # as torch counts it (the lab run)
+    with pytest.raises(ValidationError):
+        ModelShape(30, 1, 4, 16)
+
+
+def _advice(hook: str) -> Advice:
+    return Advice(timeout_s=600, timeout_reason="", hook=hook, hook_reason="why")
+
+
+def test_choose_hook_follows_the_advice() -> None:
+    assert choose_hook(_advice("powerSGD_hook"), True)[0] == "powersgd"
+    assert choose_hook(_advice("bf16_compress_hook"), True)[0] == "hierarchical-fp16"
+    assert choose_hook(_advice("bf16_compress_hook"), False)[0] == "fp16"
+    assert choose_hook(_advice("none"), True)[0] == "hierarchical"
+    assert choose_hook(_advice("none"), False)[0] == "none"
+
+
+def test_hierarchical_prediction_beats_the_flat_ring_on_a_slow_border() -> None:
+    wan = Hop(alpha_s=0.04, rate_bps=90e6)
+    fabric = Fabric(
+        n=4, ring=wan, tree=wan, region_sizes=(3, 1), local=Hop(0.0001, 950e6), wan=wan,
+        wan_link_bps=100e6,
+    )  # fmt: skip
+    grad = 20 * 2**20
+    flat = predicted_comm_s(fabric, grad, "none")
+    hier = predicted_comm_s(fabric, grad, "hierarchical")
+    assert predicted_comm_s(fabric, grad, "hierarchical-fp16") < hier < flat
+    # the flat ring moves 2(n-1)/n = 1.5 S per hop over the border, the leaders' ring S
+    assert flat > 1.4 * grad * 8 / 90e6
+    assert hier < 1.2 * grad * 8 / 90e6 + 0.5
+
+
+def test_a_failed_rank_stops_the_others_at_once() -> None:
+    scripts = [
+        "import sys; print('boom', file=sys.stderr); sys.exit(2)",
+        "import time; time.sleep(60)",
+    ]
+
+    def start(rank: int, argv: list[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match="rank 0 exited 2: boom"):
+        run_train_ranks(start, lambda r: [sys.executable, "-c", scripts[r]], 2, 30)
+    assert time.monotonic() - started < 10
