@@ -113,17 +113,31 @@ def _write_whole(
 ) -> None:
     """Create ``tmp`` with ``parts`` and hand it to ``flusher``; on failure ``tmp`` is gone.
 
-    The handle never outlives this call, so a cancelled writer leaks nothing: the file is
-    either handed over whole or removed here (the flusher refuses it once closed)."""
+    Plain descriptor calls (no file object), and the mode and mtime are set on the open
+    descriptor here rather than by path in the flusher: a tree of small files pays a few
+    syscalls per file fewer. A mode without read and write for the owner is left to the
+    flusher (it must still open the file to fsync it). The descriptor never outlives this
+    call, so a cancelled writer leaks nothing: the file is either handed over whole or
+    removed here (the flusher refuses it once closed)."""
     try:
-        with tmp.open("xb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
             for data in parts:
-                f.write(data)
-            dev = os.fstat(f.fileno()).st_dev
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            early = entry.mode & 0o600 == 0o600
+            if early:
+                os.fchmod(fd, entry.mode)
+                os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+            dev = os.fstat(fd).st_dev
+        finally:
+            os.close(fd)
         with trace.timed("file_handover"):
             flusher.add(
-                tmp, target, entry.size_bytes, dev, mode=entry.mode, mtime_ns=entry.mtime_ns
-            )
+                tmp, target, entry.size_bytes, dev,
+                mode=None if early else entry.mode, mtime_ns=None if early else entry.mtime_ns,
+            )  # fmt: skip
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
