@@ -42,9 +42,13 @@ MAX_PENDING_BYTES = 256 * 1024 * 1024
 a disk slower than the network slows the writers instead of growing the backlog."""
 
 GATHER_S = 0.1
-"""How long the thread lets a batch of fewer than `GATHER_FILES` files grow (a flush does
-not wait), so files arriving at a few dozen a second still share one ``syncfs``."""
-GATHER_FILES = 64
+"""How long the thread lets a batch grow (a flush does not wait), so files arriving at a
+few dozen a second still share one ``syncfs`` and a tree arriving at thousands a second
+pays about ten a second, not one per few dozen files (``syncfs`` writes back the whole
+filesystem, and each woke the writers' threads)."""
+GATHER_FILES = MAX_PENDING_FILES // 2
+GATHER_BYTES = MAX_PENDING_BYTES // 2
+"""A batch this large is committed at once (the writers would soon wait for room)."""
 
 
 @dataclass
@@ -171,7 +175,14 @@ class BatchFlusher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            if len(self._pending) == 1 or self._batch_full():
+                # Only then can the thread act on it (it waits for a first file, or
+                # gathers until GATHER_S or a full batch): a wake-up per file, thousands
+                # a second for a tree, only cost the writers the GIL.
+                self._cond.notify_all()
+
+    def _batch_full(self) -> bool:
+        return len(self._pending) >= GATHER_FILES or self._pending_bytes >= GATHER_BYTES
 
     def flush(self) -> None:
         """Wait until every file handed over so far is in place and durable.
@@ -208,7 +219,7 @@ class BatchFlusher:
             if not self._pending:
                 return None
             deadline_s = time.monotonic() + GATHER_S
-            while len(self._pending) < GATHER_FILES and not self._urgent and not self._closing:
+            while not self._batch_full() and not self._urgent and not self._closing:
                 left_s = deadline_s - time.monotonic()
                 if left_s <= 0:
                     break

@@ -81,6 +81,20 @@ class CacheSink:
     async def get(self, chunk_id: str) -> bytes:
         return await asyncio.to_thread(self.cache.read, chunk_id)
 
+    def blocking_put(self, chunk_id: str) -> Callable[[bytes], None]:
+        """`put` as a plain function for a pool thread (made on the loop; see
+        `netopt.dataplane.held.BlockingPut`)."""
+        placed: Callable[[], None] | None = None
+        if self.on_placed is not None:
+            loop, report = asyncio.get_running_loop(), self.on_placed
+
+            def placed() -> None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody asks
+                    loop.call_soon_threadsafe(report, chunk_id)
+
+        cache = self.cache
+        return lambda data: cache.put(chunk_id, data, placed)
+
 
 @dataclass(frozen=True)
 class SyncPlan:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
+from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
 from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
 from netopt.dataplane.limits import MAX_STREAM_NAMES_QUEUED, STREAM_NAME_LINE_BYTES
@@ -42,6 +43,7 @@ from netopt.transfer.profile import cpu_profile_to_dict
 from netopt.webshell import bearer_refusal, parse_json_document
 
 __all__ = [
+    "BATCHER",
     "CPU",
     "DATASETS",
     "EXECUTOR",
@@ -69,7 +71,20 @@ _STREAM_LINE = (
 )
 MAX_BATCH_CHUNKS = 1024
 _AHEAD = 3
-"""Chunks of one batch being read and compressed ahead of the one being sent."""
+"""Chunks of one batch being read and compressed ahead of the one being sent (at least:
+a stream of small chunks reads ahead up to `_AHEAD_BYTES`, see `_stream_ahead`)."""
+_AHEAD_BYTES = 1024 * 1024
+_AHEAD_MAX = 64
+
+
+def _stream_ahead(sent_payload_bytes: int, sent_frames: int) -> int:
+    """Chunks a stream reads and compresses ahead: about `_AHEAD_BYTES` of the frames it
+    sent so far (their average), between `_AHEAD` and `_AHEAD_MAX` chunks. Small chunks
+    then go to the pool in batches and leave in one write per batch."""
+    if not sent_frames:
+        return _AHEAD
+    average_bytes = max(1, sent_payload_bytes // sent_frames)
+    return max(_AHEAD, min(_AHEAD_MAX, _AHEAD_BYTES // average_bytes))
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,8 @@ SETTINGS = web.AppKey("settings", ServeSettings)
 CPU = web.AppKey("cpu", CpuProfile)
 STATS = web.AppKey("stats", ServeStats)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
+BATCHER = web.AppKey("batcher", ThreadBatcher)
+"""The executor's calls for a stream's chunks, batched (`netopt.dataplane.batchrun`)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -244,6 +261,12 @@ def _parse_level(text: str) -> int:
     return level
 
 
+def _weight(ds: DatasetView, chunk_id: str) -> int:
+    """About the bytes reading and compressing ``chunk_id`` handles (for batching)."""
+    where = ds.index.get(chunk_id)
+    return where[2] if isinstance(where, tuple) and len(where) == 3 else 0
+
+
 def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
     if not is_hash_id(chunk_id):
         raise web.HTTPBadRequest(text="chunk names are 64 lowercase hex digits")
@@ -361,7 +384,6 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
         return resp
     stats = request.app[STATS]
     loop = asyncio.get_running_loop()
-    executor = request.app[EXECUTOR]
     # Bounded: while it is full the body is not read, and TCP holds the client back.
     names: asyncio.Queue[tuple[str, int] | None] = asyncio.Queue(maxsize=MAX_STREAM_NAMES_QUEUED)
     names.put_nowait(first)
@@ -372,27 +394,40 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
         await names.put(None)
 
     reader = loop.create_task(read_names())
+    batcher = request.app[BATCHER]
     upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
     ended = False
     chunk_id = first[0]
+    sent_bytes = sent_frames = 0
     try:
         while True:
-            # Compress up to _AHEAD named chunks ahead; wait for a name only when idle.
-            while not ended and len(upcoming) < _AHEAD and (not upcoming or not names.empty()):
+            # Compress chunks ahead; wait for a name only when idle.
+            ahead = _stream_ahead(sent_bytes, sent_frames)
+            while not ended and len(upcoming) < ahead and (not upcoming or not names.empty()):
                 got = await _next_name(names, reader)
                 if got is None:
                     ended = True
                     break
                 name, name_level = got
-                future = loop.run_in_executor(executor, _read_and_encode, ds, name, name_level)
+                future: asyncio.Future[tuple[bytes, Codec]] = asyncio.ensure_future(
+                    batcher.run(
+                        _read_and_encode, ds, name, name_level, weight_bytes=_weight(ds, name)
+                    )
+                )
                 upcoming.append((name, future))
             if not upcoming:
                 break
-            chunk_id, future = upcoming.popleft()
-            stats.chunk_requests[chunk_id] += 1
-            payload, codec = await future
-            await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
-            stats.payload_bytes_sent += len(payload)
+            # The first frame, and every later one already compressed: one write.
+            frames: list[bytes] = []
+            while upcoming and (not frames or upcoming[0][1].done()):
+                chunk_id, future = upcoming.popleft()
+                stats.chunk_requests[chunk_id] += 1
+                payload, codec = await future
+                frames += (frame_header(chunk_id, codec, len(payload)), payload)
+                stats.payload_bytes_sent += len(payload)
+                sent_bytes += len(payload)
+                sent_frames += 1
+            await resp.write(b"".join(frames))
     except (StorageError, IntegrityError, web.HTTPException) as exc:
         log.warning("stream stopped at chunk %s: %s", chunk_id[:16], exc)
         if isinstance(exc, IntegrityError):
@@ -424,6 +459,8 @@ async def _next_name(
     names: asyncio.Queue[tuple[str, int] | None], reader: asyncio.Task[None]
 ) -> tuple[str, int] | None:
     """The next queued name; raises what the body reader raised (a bad name, a cut body)."""
+    if not names.empty():
+        return names.get_nowait()
     if names.empty() and reader.done():
         reader.result()
         return None

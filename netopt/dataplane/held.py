@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from netopt.dataplane.chunkio import ChunkSink
 
-__all__ = ["HeldSink"]
+__all__ = ["BlockingPut", "HeldSink", "blocking_put"]
+
+BlockingPut = Callable[[str], Callable[[bytes], None]]
+"""A sink's optional ``blocking_put(chunk_id)``: called on the loop, it returns a plain
+function that stores the chunk's bytes as `ChunkSink.put` would, safe to run on a pool
+thread (the sync then verifies and stores a chunk in one hand-off)."""
+
+
+def blocking_put(sink: ChunkSink) -> BlockingPut | None:
+    """``sink``'s `BlockingPut` (through a `HeldSink`: its sink's), None when it has none."""
+    maker = getattr(sink.sink if isinstance(sink, HeldSink) else sink, "blocking_put", None)
+    return maker if callable(maker) else None
 
 
 class HeldSink:
@@ -30,6 +42,10 @@ class HeldSink:
 
     async def put(self, chunk_id: str, data: bytes) -> None:
         await self.sink.put(chunk_id, data)
+        self.keep(chunk_id, data)
+
+    def keep(self, chunk_id: str, data: bytes) -> None:
+        """Hold a chunk just stored for the files still to read it (within the budget)."""
         fits = self.held_bytes + len(data) <= self.budget_bytes
         if self.uses[chunk_id] > 0 and fits and chunk_id not in self.held:
             self.held[chunk_id] = data

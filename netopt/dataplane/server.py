@@ -40,7 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.handlers import (
+    BATCHER,
     CPU,
     DATASETS,
     EXECUTOR,
@@ -82,8 +84,10 @@ MAX_REQUEST_BYTES = 1024**2
 
 
 async def _executor_ctx(app: web.Application) -> AsyncIterator[None]:
-    executor = ThreadPoolExecutor(max_workers=max(1, app[SETTINGS].worker_threads))
+    workers = max(1, app[SETTINGS].worker_threads)
+    executor = ThreadPoolExecutor(max_workers=workers)
     app[EXECUTOR] = executor
+    app[BATCHER] = ThreadBatcher(executor, workers)
     yield
     executor.shutdown(wait=True, cancel_futures=True)
 

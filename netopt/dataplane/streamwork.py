@@ -185,7 +185,7 @@ async def _run_stream(
                 inflight.add(asyncio.create_task(run.process(chunk_id, raw, on_stored)))
             if not ended:
                 ended = _top_up(run, stream, asked)
-            inflight = await bounded_inflight(inflight)
+            inflight = await bounded_inflight(inflight, run.inflight_limit)
     finally:
         results = await asyncio.gather(*inflight, return_exceptions=True)
     for result in results:

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from netopt.dataplane import trace
+from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
+from netopt.dataplane.held import HeldSink, blocking_put
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress
 from netopt.errors import (
@@ -40,16 +42,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight", "retries_exhausted"]
+__all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight", "inflight_limit", "retries_exhausted"]
 
 IN_FLIGHT = 4
-"""Received chunks per stream that may be verifying or storing while the next arrives."""
+"""Received chunks per stream that may be verifying or storing while the next arrives
+(at least; small chunks: see `IN_FLIGHT_BYTES`)."""
+IN_FLIGHT_BYTES = 4 * 1024 * 1024
+IN_FLIGHT_MAX = 64
+"""Small chunks may be in flight per stream up to about `IN_FLIGHT_BYTES` (average chunk
+size), at most `IN_FLIGHT_MAX` of them: enough that they go to the thread pool in
+batches (`netopt.dataplane.batchrun`) instead of four at a time."""
 
 
-async def bounded_inflight(inflight: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
-    """Wait for one verify-and-store task when `IN_FLIGHT` run (re-raising its error);
+def inflight_limit(lengths: dict[str, int]) -> int:
+    """Chunks per stream that may be verifying or storing at once, for chunks of ``lengths``."""
+    if not lengths:
+        return IN_FLIGHT
+    average_bytes = max(1, sum(lengths.values()) // len(lengths))
+    return max(IN_FLIGHT, min(IN_FLIGHT_MAX, IN_FLIGHT_BYTES // average_bytes))
+
+
+async def bounded_inflight(
+    inflight: set[asyncio.Task[None]], limit: int = IN_FLIGHT
+) -> set[asyncio.Task[None]]:
+    """Wait for one verify-and-store task when ``limit`` run (re-raising its error);
     the ones still running."""
-    if len(inflight) < IN_FLIGHT:
+    if len(inflight) < limit:
         return inflight
     waited_s = time.monotonic()
     done, pending = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
@@ -72,6 +90,15 @@ def retries_exhausted(
     )
 
 
+def _verify_and_store(
+    raw: RawChunk, chunk_id: str, length_bytes: int, put: Callable[[bytes], None]
+) -> bytes:
+    """Decode and verify a received chunk, then store it with ``put`` (on a pool thread)."""
+    data = decode_chunk(raw, chunk_id, length_bytes)
+    put(data)
+    return data
+
+
 class SyncRun:
     """One sync in progress: counters, the work queue and the file bookkeeping."""
 
@@ -92,7 +119,10 @@ class SyncRun:
         self.options = options
         self.on_progress = on_progress
         self.executor = executor
+        self.batcher = ThreadBatcher(executor, options.worker_threads)
+        self._blocking_put = blocking_put(sink)
         self.lengths = manifest.unique_chunks()
+        self.inflight_limit = inflight_limit(self.lengths)
         self.started_s = time.monotonic()
         self.queue: deque[str] = deque()
         self.queued_bytes = 0
@@ -117,9 +147,11 @@ class SyncRun:
         opener = getattr(source, "open_stream", None)
         self.open_stream: Callable[[], ChunkStream] | None = opener if callable(opener) else None
 
-    async def in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
-        """Run ``func(*args)`` in the sync's thread pool (sized to the cores)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, func, *args)
+    async def in_thread(self, func: Callable[..., Any], *args: Any, weight_bytes: int = 0) -> Any:
+        """Run ``func(*args)`` in the sync's thread pool (sized to the cores), batched with
+        the other calls queued meanwhile (`netopt.dataplane.batchrun`); ``weight_bytes``:
+        about how many bytes it handles."""
+        return await self.batcher.run(func, *args, weight_bytes=weight_bytes)
 
     def _progress(self) -> None:
         if self.on_progress is not None:
@@ -202,17 +234,28 @@ class SyncRun:
 
     async def process(self, chunk_id: str, raw: RawChunk, on_stored: Callable[[str], None]) -> None:
         """Verify one received chunk and store it; a bad one goes back in the queue."""
+        length = self.lengths[chunk_id]
+        put = self._blocking_put
         try:
             with trace.timed("decode_await"):
-                data = await self.in_thread(decode_chunk, raw, chunk_id, self.lengths[chunk_id])
+                if put is None:
+                    data = await self.in_thread(decode_chunk, raw, chunk_id, length)
+                else:  # one hand-off verifies and stores
+                    data = await self.in_thread(
+                        _verify_and_store, raw, chunk_id, length, put(chunk_id),
+                        weight_bytes=length,
+                    )  # fmt: skip
         except IntegrityError as exc:
             self.claimed.discard(chunk_id)
             self.charge(chunk_id, exc)
             self.requeue([chunk_id])
             return
         self.fetched_logical_bytes += len(data)
-        with trace.timed("put_await"):
-            await self.sink.put(chunk_id, data)
+        if put is None:
+            with trace.timed("put_await"):
+                await self.sink.put(chunk_id, data)
+        elif isinstance(self.sink, HeldSink):
+            self.sink.keep(chunk_id, data)
         self.failing_since_s.pop(chunk_id, None)
         self.chunks_done += 1
         self.logical_done_bytes += len(data)
@@ -228,7 +271,7 @@ class SyncRun:
     async def worker(self, on_stored: Callable[[str], None]) -> None:
         """Fetch batches until the queue is empty; verify each chunk, store the good ones.
 
-        Verifying and storing run beside the download (up to `IN_FLIGHT` chunks per
+        Verifying and storing run beside the download (up to `inflight_limit` chunks per
         stream), so the connection keeps reading while a chunk is hashed and fsynced.
         """
         failures = 0
@@ -244,7 +287,7 @@ class SyncRun:
                     received += 1
                     self.wire_bytes += raw.wire_bytes
                     inflight.add(asyncio.create_task(self.process(chunk_id, raw, on_stored)))
-                    inflight = await bounded_inflight(inflight)
+                    inflight = await bounded_inflight(inflight, self.inflight_limit)
                 if received < len(batch):
                     raise NetworkError(f"the source sent {received} of {len(batch)} chunks")
             except ProtocolError:
