@@ -54,12 +54,22 @@ async def start(
 
 
 class Proxy:
-    """A TCP proxy to ``target_port``; it can cut one connection mid-response or vanish."""
+    """A TCP proxy to ``target_port``; it can cut one connection mid-response or vanish
+    (when told, or once ``vanish_after_bytes`` went to the clients over all connections)."""
 
-    def __init__(self, target_port: int, kill_connection: int = 0, kill_after_bytes: int = 0):
+    def __init__(
+        self,
+        target_port: int,
+        kill_connection: int = 0,
+        kill_after_bytes: int = 0,
+        vanish_after_bytes: int = 0,
+    ):
         self.target_port = target_port
         self.kill_connection = kill_connection
         self.kill_after_bytes = kill_after_bytes
+        self.vanish_after_bytes = vanish_after_bytes
+        self.sent_to_clients = 0
+        self.vanished = False
         self.connections = 0
         self.killed = 0
         self.transports: list[asyncio.WriteTransport] = []
@@ -74,6 +84,7 @@ class Proxy:
     def vanish(self) -> None:
         """Stop listening and abort every connection at once, like a dead server."""
         assert self.server is not None
+        self.vanished = True
         self.server.close()
         for transport in self.transports:
             transport.abort()
@@ -95,8 +106,18 @@ class Proxy:
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, cap: int | None):
             sent = 0
+            to_client = dst is writer
             try:
                 while data := await src.read(16384):
+                    if to_client and self.vanish_after_bytes:
+                        room = self.vanish_after_bytes - self.sent_to_clients
+                        if self.vanished or len(data) >= room:
+                            if not self.vanished:
+                                dst.write(data[: max(0, room)])
+                                self.sent_to_clients += max(0, room)
+                            self.vanish()
+                            return
+                        self.sent_to_clients += len(data)
                     if cap is not None and sent + len(data) >= cap:
                         dst.write(data[: cap - sent])
                         await dst.drain()
