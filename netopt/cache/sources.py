@@ -320,7 +320,6 @@ class NetoptSource(Source):
         finally:
             if lookup is not None:
                 lookup.cancel()
-        source.chunk_parts = info.chunk_parts
         if info.manifest_id != manifest.manifest_id:
             # The two were answered by different versions: the files changed in between.
             raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
