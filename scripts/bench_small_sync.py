@@ -116,19 +116,25 @@ def main() -> int:
         size = make_dataset(work / "src", args.size_kb * 1024, args.files)
         with Lab.start(str(args.topology), prefix=args.prefix) as lab:
             srv = lab.address("us-1")
+            server_log = (work / "serve.log").open("w")
             server = lab.popen(
                 "us-1",
                 [sys.executable, "-m", "netopt", "serve", str(work / "src"), "--name", "ds",
-                 "--no-auth", "--bind", f"{srv}:{PORT}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 "--no-auth", "--allow-plaintext", "--bind", f"{srv}:{PORT}"],
+                stdout=server_log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
-                wait_port(lab, "us-1", PORT)
+                try:
+                    wait_port(lab, "us-1", PORT)
+                except RuntimeError as exc:
+                    tail = (work / "serve.log").read_text(errors="replace")[-2000:]
+                    raise SystemExit(f"{exc}; netopt serve said:\n{tail}") from None
                 for _ in range(args.runs):
                     runs.append(one_sync(lab, f"netopt://{srv}:{PORT}/ds", work, args.timeout_s))
             finally:
                 server.terminate()
                 server.wait(timeout=10)
+                server_log.close()
     median_s = statistics.median(r["wall_s"] for r in runs)
     print(f"| run | wall s | sync s | goal s (4 x {rtt_ms:g} ms + 0.5) | RTTs request->last byte |")
     print("|---|---|---|---|---|")
