@@ -46,6 +46,8 @@ class Seen:
 
 def _route(path: str) -> str:
     parts = path.strip("/").split("/")  # v1 datasets NAME [manifest|stream|batch|chunks ...]
+    if len(parts) < 3:
+        return parts[-1]  # health (the warm-up requests of a sync without the prefetch)
     return "info" if len(parts) == 3 else parts[3]
 
 
@@ -55,6 +57,7 @@ async def _serve(
     *,
     whole_stream_bodies: bool = False,
     chunk_bytes: int = CHUNK_BYTES,
+    part_version: str | None = None,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
     a stream request is answered only once its body (the names) has ended."""
@@ -65,7 +68,10 @@ async def _serve(
         try:
             if whole_stream_bodies and _route(request.path) == "stream":
                 await request.content.wait_eof()  # unread: the handler reads the names
-            return await handler(request)
+            resp = await handler(request)
+            if part_version is not None and "X-Netopt-Version" in resp.headers:
+                resp.headers["X-Netopt-Version"] = part_version  # as if the files changed
+            return resp
         finally:
             query = dict(request.query)
             seen.append(Seen(_route(request.path), started_s, time.monotonic(), query))
@@ -238,3 +244,27 @@ async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -
                     assert (await resp.json())["error"] == "ValidationError", params
     finally:
         await runner.cleanup()
+
+
+async def test_a_part_naming_another_version_makes_the_sync_check_the_info(
+    tmp_path: Path,
+) -> None:
+    # The parts' version headers stand in for the check only when they name the version
+    # synced: here each names another, so the sync asks for the info once more (which
+    # still names the synced version: the sync succeeds, byte for byte).
+    files = {"one.py": _real_text(400 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    runner, port = await _serve(
+        tmp_path / "src", seen, chunk_bytes=1024 * 1024, part_version="0" * 64
+    )
+    try:
+        report = await _sync(port, tmp_path / "dest", tmp_path / "cache")
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    routes = [s.route for s in seen]
+    assert routes.count("chunks") > int(str(report["chunks_fetched"])), routes  # in parts
+    assert routes.count("info") == 2, routes  # the check the parts could not stand in for
+    assert routes[-1] == "info", routes
