@@ -58,9 +58,12 @@ async def _serve(
     whole_stream_bodies: bool = False,
     chunk_bytes: int = CHUNK_BYTES,
     part_version: str | None = None,
+    corrupt_parts: int = 0,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
     a stream request is answered only once its body (the names) has ended."""
+
+    corrupted: list[str] = []
 
     @web.middleware
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
@@ -71,6 +74,14 @@ async def _serve(
             resp = await handler(request)
             if part_version is not None and "X-Netopt-Version" in resp.headers:
                 resp.headers["X-Netopt-Version"] = part_version  # as if the files changed
+            if (
+                len(corrupted) < corrupt_parts
+                and isinstance(resp, web.Response)
+                and "X-Netopt-Version" in resp.headers  # a part's answer
+                and isinstance(resp.body, bytes)
+            ):
+                corrupted.append(request.path)
+                resp.body = bytes([resp.body[0] ^ 0xFF]) + resp.body[1:]  # same length
             return resp
         finally:
             query = dict(request.query)
@@ -268,3 +279,28 @@ async def test_a_part_naming_another_version_makes_the_sync_check_the_info(
     assert routes.count("chunks") > int(str(report["chunks_fetched"])), routes  # in parts
     assert routes.count("info") == 2, routes  # the check the parts could not stand in for
     assert routes[-1] == "info", routes
+
+
+async def test_a_bad_part_fails_the_joined_chunk_check_and_the_chunk_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    # The first part served has a flipped byte (same length, no compression: the part
+    # decodes): the joined chunk fails its BLAKE3 check, nothing bad is written, and the
+    # chunk is fetched again in parts.
+    files = {"one.py": _real_text(400 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024, corrupt_parts=1)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        async with asyncio.timeout(20):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, streams=2, zstd_level=0,
+            )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunk_retries == 1
+    assert [s.route for s in seen].count("chunks") == 2 * 2 * summary.chunks_fetched
