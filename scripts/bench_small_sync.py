@@ -102,6 +102,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=60)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--prefix", help="lab prefix (namespace names); default: a random one")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
@@ -113,26 +114,38 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="netopt-small-") as tmp:
         work = Path(tmp)
         size = make_dataset(work / "src", args.size_kb * 1024, args.files)
-        with Lab.start(str(args.topology)) as lab:
+        with Lab.start(str(args.topology), prefix=args.prefix) as lab:
             srv = lab.address("us-1")
+            server_log = (work / "serve.log").open("w")
             server = lab.popen(
                 "us-1",
                 [sys.executable, "-m", "netopt", "serve", str(work / "src"), "--name", "ds",
-                 "--no-auth", "--bind", f"{srv}:{PORT}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 "--no-auth", "--allow-plaintext", "--bind", f"{srv}:{PORT}"],
+                stdout=server_log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
-                wait_port(lab, "us-1", PORT)
+                try:
+                    wait_port(lab, "us-1", PORT)
+                except RuntimeError as exc:
+                    tail = (work / "serve.log").read_text(errors="replace")[-2000:]
+                    raise SystemExit(f"{exc}; netopt serve said:\n{tail}") from None
                 for _ in range(args.runs):
                     runs.append(one_sync(lab, f"netopt://{srv}:{PORT}/ds", work, args.timeout_s))
             finally:
                 server.terminate()
                 server.wait(timeout=10)
+                server_log.close()
     median_s = statistics.median(r["wall_s"] for r in runs)
-    print(f"| run | wall s | sync s | goal s (4 x {rtt_ms:g} ms + 0.5) |")
-    print("|---|---|---|---|")
+    print(f"| run | wall s | sync s | goal s (4 x {rtt_ms:g} ms + 0.5) | RTTs request->last byte |")
+    print("|---|---|---|---|---|")
     for i, r in enumerate(runs, 1):
-        print(f"| {i} | {r['wall_s']:.3f} | {r['sync_s']:.3f} | {goal_s:.3f} |")
+        marks = r["marks"]
+        data_rtts = (
+            f"{(marks['last_byte'] - marks['first_request']) / (rtt_ms / 1000):.1f}"
+            if "last_byte" in marks and "first_request" in marks
+            else "-"
+        )
+        print(f"| {i} | {r['wall_s']:.3f} | {r['sync_s']:.3f} | {goal_s:.3f} | {data_rtts} |")
     verdict = "meets" if median_s < goal_s else "misses"
     print(f"median {median_s:.3f} s for {size / 1e6:.2f} MB in {args.files} file(s): "
           f"{median_s / goal_s:.2f} x the goal ({verdict} it)")  # fmt: skip

@@ -40,10 +40,12 @@ __all__ = [
     "MemoryChunkSource",
     "RawChunk",
     "decode_chunk",
+    "decode_part",
     "encode_chunk",
     "frame_header",
     "max_frame_bytes",
     "parse_frame_header",
+    "part_bounds",
 ]
 
 Codec = Literal["zstd", "identity"]
@@ -165,6 +167,29 @@ def _decompress_bounded(payload: bytes, length_bytes: int) -> bytes:
         if not more:
             break
         data += more
+    return bytes(data)
+
+
+def part_bounds(length_bytes: int, part: int, parts: int) -> tuple[int, int]:
+    """Where part ``part`` of ``parts`` (nearly equal slices) of a chunk of ``length_bytes``
+    starts and ends: the server's part route and the client cut a chunk the same way."""
+    return length_bytes * part // parts, length_bytes * (part + 1) // parts
+
+
+def decode_part(raw: RawChunk, chunk_id: str, part_bytes: int) -> bytes:
+    """Decode one part of a chunk (bounded by ``part_bytes``, its length); IntegrityError for
+    a bad frame or a wrong length. The whole chunk is verified once its parts are joined."""
+    if raw.codec == "zstd":
+        try:
+            data = _decompress_bounded(raw.payload, part_bytes)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"chunk {chunk_id[:16]}: bad zstd frame in a part: {exc}") from exc
+    else:
+        data = raw.payload
+    if len(data) != part_bytes:
+        raise IntegrityError(
+            f"chunk {chunk_id[:16]}: a part of {len(data)} bytes, not {part_bytes}"
+        )
     return bytes(data)
 
 

@@ -249,7 +249,7 @@ async def fetch_info_and_manifest(
         source.meta_wire_bytes = early.wire_bytes
         info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
         source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
-        return _asked_for(url, info, source.manifest_from_doc(early.manifest))
+        return _asked_for(source, info, source.manifest_from_doc(early.manifest))
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:
@@ -266,18 +266,21 @@ async def fetch_info_and_manifest(
     if measured is not None and measured[0] * 1000 < info.rtt_ms:
         info = replace(info, rtt_ms=measured[0] * 1000, rtt_source=measured[1])
     source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
-    return _asked_for(url, info, manifest_task.result())
+    return _asked_for(source, info, manifest_task.result())
 
 
 def _asked_for(
-    url: DatasetUrl, info: DatasetInfo, manifest: Manifest
+    source: HttpChunkSource, info: DatasetInfo, manifest: Manifest
 ) -> tuple[DatasetInfo, Manifest]:
-    """``(info, manifest)`` when both name the dataset the URL asked for; ProtocolError
-    otherwise (the cache files a manifest under its name, so a server must not choose it)."""
+    """``(info, manifest)`` when both name the dataset ``source``'s URL asked for (then
+    ``source`` may cut chunks into the parts the info offers); ProtocolError otherwise
+    (the cache files a manifest under its name, so a server must not choose it)."""
+    url = source.url
     for what, name in (("dataset info", info.name), ("manifest", manifest.name)):
         if name != url.name:
             raise ProtocolError(
                 f"{url}: the server's {what} names dataset {name[:200]!r}, not {url.name!r}; "
                 "refusing it (nothing was written)"
             )
+    source.chunk_parts = info.chunk_parts
     return info, manifest

@@ -23,12 +23,16 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
 from netopt.dataplane.batchrun import ThreadBatcher
-from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header
+from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header, part_bounds
 from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
-from netopt.dataplane.limits import MAX_STREAM_NAMES_QUEUED, STREAM_NAME_LINE_BYTES
+from netopt.dataplane.limits import (
+    MAX_CHUNK_PARTS,
+    MAX_STREAM_NAMES_QUEUED,
+    STREAM_NAME_LINE_BYTES,
+)
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
-from netopt.dataplane.streaming import end_frame
+from netopt.dataplane.streaming import VERSION_HEADER, end_frame
 from netopt.errors import (
     DatasetChangedError,
     IntegrityError,
@@ -225,6 +229,7 @@ async def dataset_info(request: web.Request) -> web.Response:
             "congestion_control": request.app[SETTINGS].congestion_control,
             "precompressed": precompressed,
             "stream_levels": True,
+            "chunk_parts": MAX_CHUNK_PARTS,
         }
     )
 
@@ -245,6 +250,39 @@ def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes,
         if frame is not None:
             return frame, "zstd"
     return encode_chunk(ds.read_chunk(chunk_id), level)
+
+
+def _read_and_encode_part(
+    ds: DatasetView, chunk_id: str, level: int, part: tuple[int, int]
+) -> tuple[bytes, Codec]:
+    data = ds.read_chunk(chunk_id)  # verified whole: every part comes from one good copy
+    start, end = part_bounds(len(data), *part)
+    return encode_chunk(data[start:end], level)
+
+
+def _part(request: web.Request) -> tuple[int, int] | None:
+    """``?part=I&parts=N`` (0 <= I < N <= `MAX_CHUNK_PARTS`), or None for the whole chunk.
+    Raises a 400 (JSON) for anything else."""
+    part_text, parts_text = request.query.get("part"), request.query.get("parts")
+    if part_text is None and parts_text is None:
+        return None
+    if (
+        part_text is None
+        or parts_text is None
+        or not (part_text.isascii() and part_text.isdigit() and len(part_text) <= 3)
+        or not (parts_text.isascii() and parts_text.isdigit() and len(parts_text) <= 3)
+        or not 0 <= int(part_text) < int(parts_text) <= MAX_CHUNK_PARTS
+    ):
+        raise web.HTTPBadRequest(
+            text=json.dumps(
+                ValidationError(
+                    f"part={part_text!r}&parts={parts_text!r}: expected integers with "
+                    f"0 <= part < parts <= {MAX_CHUNK_PARTS}"
+                ).to_dict()
+            ),
+            content_type="application/json",
+        )
+    return int(part_text), int(parts_text)
 
 
 def _level(request: web.Request) -> int:
@@ -476,14 +514,19 @@ async def _next_name(
 async def dataset_chunk(request: web.Request) -> web.Response:
     ds = _dataset(request)
     level = _level(request)
+    part = _part(request)
     chunk_id = _chunk_name(ds, request.match_info["chunk_id"])
     stats = request.app[STATS]
     stats.chunk_requests[chunk_id] += 1
     loop = asyncio.get_running_loop()
+
+    def read(ds: DatasetView, chunk_id: str) -> tuple[bytes, Codec]:
+        if part is None:
+            return _read_and_encode(ds, chunk_id, level)
+        return _read_and_encode_part(ds, chunk_id, level, part)
+
     try:
-        payload, codec = await loop.run_in_executor(
-            request.app[EXECUTOR], _read_and_encode, ds, chunk_id, level
-        )
+        payload, codec = await loop.run_in_executor(request.app[EXECUTOR], read, ds, chunk_id)
     except IntegrityError as exc:
         found = _lookup(request)
         if not isinstance(found, LiveDataset):
@@ -494,17 +537,21 @@ async def dataset_chunk(request: web.Request) -> web.Response:
         ds = await _fresh_dataset(request)
         chunk_id = _chunk_name(ds, chunk_id)
         try:
-            payload, codec = await loop.run_in_executor(
-                request.app[EXECUTOR], _read_and_encode, ds, chunk_id, level
-            )
+            payload, codec = await loop.run_in_executor(request.app[EXECUTOR], read, ds, chunk_id)
         except (StorageError, IntegrityError):
             raise _gone(chunk_id) from None
     except StorageError as exc:
         log.warning("chunk %s: %s", chunk_id[:16], exc)
         return _error(500, exc)
     stats.payload_bytes_sent += len(payload)
-    return web.Response(
-        body=payload,
-        content_type="application/octet-stream",
-        headers={"X-Netopt-Codec": codec},
-    )
+    headers: dict[str, str] = {"X-Netopt-Codec": codec}
+    if part is not None:
+        # As a stream's end frame: the version current after the read, so a client whose
+        # chunks all came in parts needs no version-check request at the end.
+        try:
+            fresh = await _fresh_dataset(request)
+        except web.HTTPException:
+            pass  # no version named: the client asks for the info instead
+        else:
+            headers[VERSION_HEADER] = fresh.manifest.manifest_id
+    return web.Response(body=payload, content_type="application/octet-stream", headers=headers)

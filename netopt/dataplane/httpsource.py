@@ -29,9 +29,12 @@ from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
     Codec,
     RawChunk,
+    decode_part,
     max_frame_bytes,
+    part_bounds,
 )
 from netopt.dataplane.limits import (
+    MAX_CHUNK_PARTS,
     MAX_INFO_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_ENTRIES,
@@ -40,7 +43,7 @@ from netopt.dataplane.limits import (
     check_manifest_shape,
 )
 from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
-from netopt.dataplane.streaming import HttpChunkStream, map_errors, read_frame
+from netopt.dataplane.streaming import VERSION_HEADER, HttpChunkStream, map_errors, read_frame
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
@@ -174,6 +177,8 @@ class DatasetInfo:
     rtt_source: str = FIRST_BYTE
     stream_levels: bool = False
     """The server's stream route takes a level per line (``NAME LEVEL``)."""
+    chunk_parts: int = 0
+    """The most parts the server's chunk route cuts a chunk into (0: it does not)."""
 
 
 class HttpChunkSource:
@@ -203,6 +208,9 @@ class HttpChunkSource:
         `netopt.transfer.adapt`); None: the level stays as set."""
         self.owns_prefetch = False
         """True for the sync's main source: closing it closes the prefetch's untaken sockets."""
+        self.chunk_parts = 0
+        """The most parts `fetch_chunk_parts` may ask for (the server's ``chunk_parts``;
+        0: the server has no part route, set once its info is known)."""
         self.rtt_s: float | None = None
         """The round trip to the server (s) once measured (`fetch_info_and_manifest` sets
         it); until then the fastest handshake so far stands in."""
@@ -429,9 +437,14 @@ class HttpChunkSource:
             raise map_errors(exc, where, f"{self.url} is unreachable") from exc
 
     async def _get(
-        self, path: str, max_bytes: int, params: dict[str, str] | None = None
+        self,
+        path: str,
+        max_bytes: int,
+        params: dict[str, str] | None = None,
+        headers_out: dict[str, str] | None = None,
     ) -> tuple[bytearray, str]:
-        """GET ``path``; the body and its X-Netopt-Codec header. Errors become netopt's;
+        """GET ``path``; the body and its X-Netopt-Codec header (``headers_out``, when
+        given, receives all the response's headers). Errors become netopt's;
         BodyTooLarge when the body declares or holds more than ``max_bytes``, found
         before the excess is read."""
         session = self._require_session()
@@ -439,6 +452,8 @@ class HttpChunkSource:
         try:
             async with session.get(self.url.base + path, params=params) as resp:
                 await self._check_data_response(resp, where)
+                if headers_out is not None:
+                    headers_out.update(resp.headers)
                 declared = resp.content_length
                 if declared is not None and declared > max_bytes:
                     raise BodyTooLarge(f"{where}: {declared} bytes, at most {max_bytes} expected")
@@ -503,6 +518,7 @@ class HttpChunkSource:
                 rtt_ms=rtt_ms,
                 rtt_source=rtt_source,
                 stream_levels=data.get("stream_levels") is True,
+                chunk_parts=_chunk_parts(data.get("chunk_parts")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
@@ -536,6 +552,55 @@ class HttpChunkSource:
         if codec not in ("zstd", "identity"):
             raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
         return RawChunk(bytes(body), cast(Codec, codec), len(body))
+
+    async def fetch_chunk_parts(self, chunk_id: str, length_bytes: int, parts: int) -> RawChunk:
+        """``chunk_id`` fetched as ``parts`` slices in parallel (one request each over the
+        pool's connections, the warm ones first), decoded and joined: unverified, as
+        `fetch_chunk`'s. For a sync of fewer chunks than streams: each connection's slow
+        start then carries a slice, not one connection the whole chunk.
+
+        Each part's response names the version current after its read (`VERSION_HEADER`),
+        counted as a stream's end frame is (see `version_at_end`). IntegrityError for a
+        part that does not decode to its length; what `fetch_chunk` raises.
+        """
+        if not 1 < parts <= min(self.chunk_parts, MAX_CHUNK_PARTS):
+            raise ValueError(f"{parts} parts: the server cuts a chunk into 2..{self.chunk_parts}")
+        path = f"/v1/datasets/{self.url.name}/chunks/{chunk_id}"
+        level = str(self.zstd_level or 0)
+        trace.mark("first_request")
+
+        async def one(part: int) -> tuple[bytes, int, str | None]:
+            start, end = part_bounds(length_bytes, part, parts)
+            params = {"level": level, "part": str(part), "parts": str(parts)}
+            headers: dict[str, str] = {}
+            body, codec = await self._get(path, max_frame_bytes(end - start), params, headers)
+            trace.mark("first_byte")
+            if codec not in ("zstd", "identity"):
+                raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
+            raw = RawChunk(bytes(body), cast(Codec, codec), len(body))
+            data = await asyncio.to_thread(decode_part, raw, chunk_id, end - start)
+            return data, len(body), headers.get(VERSION_HEADER)
+
+        tasks = [asyncio.ensure_future(one(part)) for part in range(parts)]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one part failed: the chunk is asked again whole
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        trace.mark_last("last_byte")
+        # Every part arrived: their versions count as streams' ends would.
+        self._stream_versions.extend(version for _, _, version in results)
+        data = b"".join(piece for piece, _, _ in results)
+        return RawChunk(data, "identity", sum(wire for _, wire, _ in results))
+
+
+def _chunk_parts(value: object) -> int:
+    """The info's ``chunk_parts``: a count within `MAX_CHUNK_PARTS`, else 0 (not offered)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        return min(value, MAX_CHUNK_PARTS)
+    return 0
 
 
 class _LevelledStream(HttpChunkStream):

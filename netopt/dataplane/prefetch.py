@@ -203,6 +203,7 @@ def start(
         # normal path refuses it, with the reason, before any byte is sent.
         return False
     discard()
+    trace.mark("prefetch_start")
     pre = _Prefetch(host, port, name, token, timeout_s)
     quoted = urllib.parse.quote(name, safe="")
     jobs: list[tuple[Any, tuple[Any, ...]]] = [

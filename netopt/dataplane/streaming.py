@@ -23,6 +23,7 @@ from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, Tls
 from netopt.tlsconf import data_scheme, disconnect_hint, explain_tls_failure
 
 __all__ = [
+    "VERSION_HEADER",
     "ChunkStream",
     "HttpChunkStream",
     "StreamingSource",
@@ -31,6 +32,10 @@ __all__ = [
     "parse_end_frame",
     "read_frame",
 ]
+
+VERSION_HEADER = "X-Netopt-Version"
+"""The header of a chunk part's response naming the dataset version current after the
+part was read: for a part what `end_frame` is for a stream."""
 
 END_MARK = b"NETOPT-END "
 _END_FRAME = re.compile(rb"NETOPT-END ([0-9a-f]{64})\n")

@@ -25,12 +25,15 @@ from collections.abc import Callable
 from netopt.dataplane import trace
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.syncrun import SyncRun, bounded_inflight
-from netopt.errors import NetworkError, ValidationError
+from netopt.errors import IntegrityError, NetworkError, ValidationError
 
 # Logs under the sync engine's name, as it did before this module was split from it.
 log = logging.getLogger(__name__)
 
-__all__ = ["Asked", "stream_worker"]
+__all__ = ["MIN_PART_BYTES", "Asked", "part_worker", "parts_per_chunk", "stream_worker"]
+
+MIN_PART_BYTES = 128 * 1024
+"""A chunk is cut into parts of at least this many bytes (see `parts_per_chunk`)."""
 
 
 class Asked(deque[str]):
@@ -245,3 +248,41 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     trace.count("streams_ended")
     trace.mark("first_stream_done")
     trace.mark_last("last_stream_done")
+
+
+def parts_per_chunk(run: SyncRun, streams: int, missing: int) -> int:
+    """Into how many parts each chunk of a sync of ``missing`` chunks is fetched: 1 (whole,
+    over streams) unless the sync has fewer chunks than ``streams`` and the source cuts
+    chunks (``chunk_parts``, the server's part route). A small sync of one large chunk
+    then fills every warm connection, each in its slow start, instead of one; a part
+    is at least `MIN_PART_BYTES` of the smallest chunk."""
+    fetch = getattr(run.source, "fetch_chunk_parts", None)
+    offered = getattr(run.source, "chunk_parts", 0)
+    if not callable(fetch) or not isinstance(offered, int) or not 0 < missing < streams:
+        return 1
+    smallest = min((run.lengths[cid] for cid in run.queue), default=0)
+    return max(1, min(streams // missing, offered, smallest // MIN_PART_BYTES))
+
+
+async def part_worker(run: SyncRun, parts: int, on_stored: Callable[[str], None]) -> None:
+    """Fetch chunks off the queue, each as ``parts`` parts in parallel
+    (``source.fetch_chunk_parts``); verify each joined chunk and store it. A failed or bad
+    copy goes back in the queue, charged to its chunk (see `SyncRun.charge`)."""
+    fetch = run.source.fetch_chunk_parts  # type: ignore[attr-defined]
+    failures = 0
+    while run.queue:
+        chunk_id = run.queue.popleft()
+        length = run.lengths[chunk_id]
+        run.queued_bytes -= length
+        try:
+            raw = await fetch(chunk_id, length, parts)
+        except (NetworkError, IntegrityError) as exc:
+            run.requeue([chunk_id])
+            run.charge(chunk_id, exc)
+            failures += 1
+            await asyncio.sleep(run.backoff_s(failures))
+            continue
+        failures = 0
+        trace.count("chunk_parts", parts)
+        run.wire_bytes += raw.wire_bytes
+        await run.process(chunk_id, raw, on_stored)

@@ -37,7 +37,7 @@ from netopt.dataplane import trace
 from netopt.dataplane.assemble import FileAssembler, OpenFiles, scan_destination
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
 from netopt.dataplane.held import HeldSink
-from netopt.dataplane.streamwork import stream_worker
+from netopt.dataplane.streamwork import part_worker, parts_per_chunk, stream_worker
 from netopt.dataplane.syncrun import SyncRun
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress, SyncSummary
 from netopt.durable import BatchFlusher
@@ -210,6 +210,9 @@ async def _fetch_and_write(
                 work: Worker = (
                     run.worker if run.open_stream is None else partial(stream_worker, run)
                 )
+                parts = parts_per_chunk(run, opts.streams, len(missing))
+                if parts > 1:
+                    work = partial(part_worker, run, parts)
                 for _ in range(max(1, min(opts.streams, len(missing)))):
                     tg.create_task(work(on_stored))
         except BaseExceptionGroup as group:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from netopt.dataplane.client import ClientOptions, sync_url
@@ -40,18 +41,29 @@ class Seen:
     route: str
     started_s: float
     ended_s: float
+    query: dict[str, str] | None = None
 
 
 def _route(path: str) -> str:
     parts = path.strip("/").split("/")  # v1 datasets NAME [manifest|stream|batch|chunks ...]
+    if len(parts) < 3:
+        return parts[-1]  # health (the warm-up requests of a sync without the prefetch)
     return "info" if len(parts) == 3 else parts[3]
 
 
 async def _serve(
-    root: Path, seen: list[Seen], *, whole_stream_bodies: bool = False
+    root: Path,
+    seen: list[Seen],
+    *,
+    whole_stream_bodies: bool = False,
+    chunk_bytes: int = CHUNK_BYTES,
+    part_version: str | None = None,
+    corrupt_parts: int = 0,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
     a stream request is answered only once its body (the names) has ended."""
+
+    corrupted: list[str] = []
 
     @web.middleware
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
@@ -59,9 +71,21 @@ async def _serve(
         try:
             if whole_stream_bodies and _route(request.path) == "stream":
                 await request.content.wait_eof()  # unread: the handler reads the names
-            return await handler(request)
+            resp = await handler(request)
+            if part_version is not None and "X-Netopt-Version" in resp.headers:
+                resp.headers["X-Netopt-Version"] = part_version  # as if the files changed
+            if (
+                len(corrupted) < corrupt_parts
+                and isinstance(resp, web.Response)
+                and "X-Netopt-Version" in resp.headers  # a part's answer
+                and isinstance(resp.body, bytes)
+            ):
+                corrupted.append(request.path)
+                resp.body = bytes([resp.body[0] ^ 0xFF]) + resp.body[1:]  # same length
+            return resp
         finally:
-            seen.append(Seen(_route(request.path), started_s, time.monotonic()))
+            query = dict(request.query)
+            seen.append(Seen(_route(request.path), started_s, time.monotonic(), query))
 
     app = web.Application(
         middlewares=[
@@ -70,7 +94,7 @@ async def _serve(
             auth_middleware,
         ]
     )
-    dataset = load_dataset(root, "ds", CHUNK_BYTES)
+    dataset = load_dataset(root, "ds", chunk_bytes)
     add_dataplane(app, ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU)
     return await start_server(app, "127.0.0.1", 0)
 
@@ -145,3 +169,138 @@ async def test_a_small_sync_ends_each_stream_with_its_last_name(tmp_path: Path) 
     routes = [s.route for s in seen]
     assert routes.count("info") == 1, routes  # every stream's end frame carried the version
     assert routes.count("stream") == 1, routes
+
+
+def _real_text(size_bytes: int) -> bytes:
+    """``size_bytes`` of this repository's own Python source (real, compressible text)."""
+    text = bytearray()
+    for path in sorted((REPO / "netopt").rglob("*.py")):
+        text += path.read_bytes()
+        if len(text) >= size_bytes:
+            break
+    return bytes(text[:size_bytes])
+
+
+async def test_a_one_chunk_sync_fetches_its_chunk_in_parts_over_every_stream(
+    tmp_path: Path,
+) -> None:
+    # One large chunk and four streams: the chunk comes as parts, one per connection, all
+    # asked at once after the manifest (one round), each naming the version after its
+    # read, so no info request follows. The joined chunk is verified whole.
+    files = {"one.py": _real_text(700 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        async with asyncio.timeout(20):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, streams=4, zstd_level=3,
+            )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunk_retries == 0
+    chunk_count = summary.chunks_fetched
+    assert 1 <= chunk_count <= 2  # 700 KB at 1 MiB average chunks
+    routes = [s.route for s in seen if s.route != "health"]  # health: warm-up requests
+    assert routes.count("info") == 1, routes  # the parts' headers carried the version
+    assert not {"stream", "batch"} & set(routes), routes
+    asked = [s for s in seen if s.route == "chunks"]
+    parts = 4 // chunk_count
+    assert len(asked) == chunk_count * parts, routes
+    assert all(s.query is not None and s.query["parts"] == str(parts) for s in asked)
+    assert sorted(int(s.query["part"]) for s in asked if s.query) == sorted(
+        list(range(parts)) * chunk_count
+    )
+    manifest = next(s for s in seen if s.route == "manifest")
+    assert all(s.started_s >= manifest.ended_s for s in asked)
+    assert summary.wire_bytes < summary.logical_bytes  # each part came compressed
+
+
+async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -> None:
+    data = _real_text(300 * 1024)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(data)
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024)
+    base = f"http://127.0.0.1:{port}/v1/datasets/ds"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with aiohttp.ClientSession(headers=auth) as http:
+            async with http.get(f"{base}/manifest") as resp:
+                manifest = await resp.json()
+            async with http.get(base) as resp:
+                version = (await resp.json())["manifest_id"]
+            (ref,) = manifest["files"][0]["chunks"]  # 300 KB: one chunk
+            url = f"{base}/chunks/{ref[0]}"
+            pieces = []
+            for part in range(3):
+                async with http.get(url, params={"part": str(part), "parts": "3"}) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["X-Netopt-Codec"] == "identity"  # level 0
+                    assert resp.headers["X-Netopt-Version"] == version
+                    pieces.append(await resp.read())
+            assert b"".join(pieces) == data
+            assert [len(p) for p in pieces] == [len(data) * (i + 1) // 3 - len(data) * i // 3
+                                                for i in range(3)]  # fmt: skip
+            bad = [{"part": "3", "parts": "3"}, {"part": "0", "parts": "17"},
+                   {"part": "-1", "parts": "2"}, {"part": "x", "parts": "2"}, {"parts": "2"},
+                   {"part": "0", "parts": "1" * 40}]  # fmt: skip
+            for params in bad:
+                async with http.get(url, params=params) as resp:
+                    assert resp.status == 400, params
+                    assert (await resp.json())["error"] == "ValidationError", params
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_part_naming_another_version_makes_the_sync_check_the_info(
+    tmp_path: Path,
+) -> None:
+    # The parts' version headers stand in for the check only when they name the version
+    # synced: here each names another, so the sync asks for the info once more (which
+    # still names the synced version: the sync succeeds, byte for byte).
+    files = {"one.py": _real_text(400 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    runner, port = await _serve(
+        tmp_path / "src", seen, chunk_bytes=1024 * 1024, part_version="0" * 64
+    )
+    try:
+        report = await _sync(port, tmp_path / "dest", tmp_path / "cache")
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    routes = [s.route for s in seen]
+    assert routes.count("chunks") > int(str(report["chunks_fetched"])), routes  # in parts
+    assert routes.count("info") == 2, routes  # the check the parts could not stand in for
+    assert routes[-1] == "info", routes
+
+
+async def test_a_bad_part_fails_the_joined_chunk_check_and_the_chunk_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    # The first part served has a flipped byte (same length, no compression: the part
+    # decodes): the joined chunk fails its BLAKE3 check, nothing bad is written, and the
+    # chunk is fetched again in parts.
+    files = {"one.py": _real_text(400 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024, corrupt_parts=1)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        async with asyncio.timeout(20):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, streams=2, zstd_level=0,
+            )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunk_retries == 1
+    assert [s.route for s in seen].count("chunks") == 2 * 2 * summary.chunks_fetched
