@@ -369,7 +369,7 @@ async def test_kill_9_of_the_replica_a_shared_sync_started_on(
 
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
             deadline = time.monotonic() + 20
-            while await hk_held(s) < len(chunks) // 2:  # seen through b: it is in PostgreSQL
+            while await hk_held(s) < len(chunks) // 3:  # seen through b: it is in PostgreSQL
                 assert not any(w.done() for w in waits), "a sync ended before the kill"
                 assert time.monotonic() < deadline, "the syncs made no progress"
                 await asyncio.sleep(0.05)
