@@ -390,15 +390,24 @@ async def test_kill_9_of_the_replica_a_shared_sync_started_on(
         crossings.subtract(before)
         assert set(crossings) == chunks
         assert max(crossings.values()) <= 1, "a chunk crossed the border twice for hk"
-        assert sum(r["sharing"]["chunks_from_source"] for r in reports) == len(chunks)
-        assert sum(r["sharing"]["chunks_from_peers"] for r in reports) == 2 * len(chunks)
-        assert all(r["sharing"]["peers_excluded"] == [] for r in reports), reports
+        shared = [(r["sharing"], err[-1500:]) for r, (_, err) in zip(reports, outputs, strict=True)]
+        assert sum(r["chunks_from_source"] for r, _ in shared) == len(chunks), shared
+        # Each started empty: every chunk came from a peer or SOURCE (a peer's chunks may
+        # be fetched again when a batch is retried: in-region bytes, not a crossing).
+        assert all(
+            r["chunks_from_peers"] + r["chunks_from_source"] >= len(chunks) for r, _ in shared
+        ), shared
+        assert all(r["peers_excluded"] == [] for r, _ in shared), shared
         assert {h["node"]: h["chunks"] for h in version["holders"]} == dict.fromkeys(
             [*hk, "us-1"], len(chunks)
         )
         assert version["sessions"] == []  # ended by calls that only b could answer
         assert version["leases"] == 0
-        print(f"{len(chunks)} chunks, each crossed once; syncs done {finished_s:.1f} s after kill")
+        from_peers = sum(r["chunks_from_peers"] for r, _ in shared)
+        print(
+            f"{len(chunks)} chunks, each crossed once, {from_peers} from peers;"
+            f" syncs done {finished_s:.1f} s after the kill"
+        )
     finally:
         for proc in procs:
             if proc.returncode is None:
