@@ -1,28 +1,45 @@
 """Two real coordinator processes on one PostgreSQL; one is killed with SIGKILL while
 agents (the agent's own reporter and spool, with both addresses) keep reporting:
 ingest goes on through the other, every summary is stored exactly once, and the
-survivor is the elected leader afterwards."""
+survivor is the elected leader afterwards. Also killed mid-way through region
+sharing: ``netopt sync`` processes finish through the other replica, each chunk
+crossing the border once."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psycopg
 import pytest
+from aiohttp import web
 from coordinator_helpers import TOKEN, free_port, registration
+from dataplane_helpers import CPU, FAST, check_tree
+from dataplane_helpers import start as start_origin
 
 from netopt.agent.metrics import AgentMetrics
 from netopt.agent.reporter import NeedsRegistration, Reporter
 from netopt.agent.spool import Spool
+from netopt.cache.peerserve import CachedDatasets
+from netopt.cache.shared import SharingOptions
+from netopt.cache.sources import SourceOptions
+from netopt.cache.syncer import SyncRequest, run_sync
+from netopt.dataplane.client import ClientOptions
+from netopt.dataplane.server import ServeSettings, ServeStats
+from netopt.dataplane.server import create_app as create_dataplane
+from netopt.dataplane.server import start_server as start_dataplane
+from netopt.transfer.manifest import Manifest
 from netopt.wire.client import CoordinatorClient
 from netopt.wire.schema import LinkSummary, Registration, RttFigures
 from tests.pgserver import PASSWORD, PgServer
@@ -253,3 +270,147 @@ async def test_postgresql_restart_under_load_spools_then_stores_everything_once(
     assert distinct == (batches[0],)
     assert int(batches[1]) == produced
     print(f"{produced} summaries stored once across a restart; {time.monotonic() - started:.1f} s")
+
+
+@dataclass
+class _Region:
+    """The sharing world around two replicas: an origin and each node's cache served to
+    its peers by the data plane (in this process, so the origin's per-chunk counts are
+    read), registered through replica a."""
+
+    origin_url: str
+    origin_stats: ServeStats
+    manifest: Manifest
+    runners: list[web.AppRunner]
+
+    async def cleanup(self) -> None:
+        for runner in self.runners:
+            await runner.cleanup()
+
+
+async def _start_region(tmp_path: Path, a: Replica, nodes: dict[str, str]) -> _Region:
+    origin, origin_port, stats, manifest = await start_origin(
+        tmp_path / "origin" / "ds", token=TOKEN
+    )
+    world = _Region(f"netopt://127.0.0.1:{origin_port}/ds", stats, manifest, [origin])
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+            for node, region in nodes.items():
+                (tmp_path / node / "cache").mkdir(parents=True)
+                app = create_dataplane(
+                    ServeSettings(token=TOKEN, worker_threads=2),
+                    CachedDatasets(tmp_path / node / "cache"), CPU,
+                )  # fmt: skip
+                runner, port = await start_dataplane(app, "127.0.0.1", 0)
+                world.runners.append(runner)
+                body = {**registration(node, region), "data_port": port}
+                async with s.post(a.url + "/api/v1/agents/register", json=body) as response:
+                    assert response.status == 200, await response.text()
+    except BaseException:
+        await world.cleanup()
+        raise
+    return world
+
+
+async def test_kill_9_of_the_replica_a_shared_sync_started_on(
+    tmp_path: Path, replicas: tuple[str, list[Replica]]
+) -> None:
+    """Three ``netopt sync`` processes of region hk share through the catalogue, their
+    coordinator list starting with replica a; a is killed with SIGKILL mid-sync. Their
+    sessions and leases live in PostgreSQL, so they finish through b: every tree byte
+    for byte, each chunk fetched from the origin by hk at most once, none from the
+    other region's node, and every session ended (the last calls went to b)."""
+    _, (a, b) = replicas
+    root = tmp_path / "origin" / "ds"
+    files = {"big.bin": os.urandom(6 << 20), "text/small.txt": b"small\n" * 1000}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(a.wait_ready(session), b.wait_ready(session))
+    hk = ["hk-1", "hk-2", "hk-3"]
+    world = await _start_region(tmp_path, a, {**dict.fromkeys(hk, "hk"), "us-1": "us"})
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        chunks = set(world.manifest.unique_chunks())
+        # The other region holds everything first (through replica a's catalogue).
+        us = await run_sync(
+            SyncRequest(
+                source=world.origin_url, dest=str(tmp_path / "us-1" / "data"),
+                cache_dir=str(tmp_path / "us-1" / "cache"),
+                source_options=SourceOptions(client=ClientOptions(token=TOKEN), client_cpu=CPU),
+                sync_options=FAST, sharing=SharingOptions(a.url, TOKEN, "us-1"),
+            )
+        )  # fmt: skip
+        assert us.sharing is not None
+        assert us.sharing["chunks_from_source"] == len(chunks)
+        before = Counter(world.origin_stats.chunk_requests)
+        assert set(before) == chunks
+        assert set(before.values()) == {1}
+
+        env = {**os.environ, "NETOPT_TOKEN": TOKEN}
+        for node in hk:
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "netopt", "sync", world.origin_url,
+                    str(tmp_path / node / "data"), "--json", "--coordinator", f"{a.url},{b.url}",
+                    "--node", node, "--cache-dir", str(tmp_path / node / "cache"),
+                    "--rate-limit-mbps", "8", "--retry-window-s", "20",
+                    cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+            )  # fmt: skip
+        waits = [asyncio.ensure_future(p.communicate()) for p in procs]
+
+        async def hk_held(session: aiohttp.ClientSession) -> int:
+            async with session.get(b.url + "/api/v1/datasets") as response:
+                versions = (await response.json())["versions"]
+            return sum(h["chunks"] for v in versions for h in v["holders"] if h["node"] in hk)
+
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+            deadline = time.monotonic() + 20
+            while await hk_held(s) < len(chunks) // 3:  # seen through b: it is in PostgreSQL
+                assert not any(w.done() for w in waits), "a sync ended before the kill"
+                assert time.monotonic() < deadline, "the syncs made no progress"
+                await asyncio.sleep(0.05)
+            assert not any(w.done() for w in waits), "a sync ended before the kill"
+            a.kill()  # mid-sync: every session and lease was opened through a
+            killed_at_s = time.monotonic()
+            outputs = await asyncio.wait_for(asyncio.gather(*waits), 60)
+            finished_s = time.monotonic() - killed_at_s
+            for node, proc, (out, err) in zip(hk, procs, outputs, strict=True):
+                assert proc.returncode == 0, (node, out[-2000:], err[-2000:])
+            reports = [json.loads(out) for out, _ in outputs]
+            async with s.get(b.url + "/api/v1/datasets") as response:
+                (version,) = (await response.json())["versions"]
+        assert a.process.poll() == -signal.SIGKILL
+        for node in hk:
+            check_tree(tmp_path / node / "data", files)
+        crossings = Counter(world.origin_stats.chunk_requests)
+        crossings.subtract(before)
+        assert set(crossings) == chunks
+        assert max(crossings.values()) <= 1, "a chunk crossed the border twice for hk"
+        shared = [(r["sharing"], err[-1500:]) for r, (_, err) in zip(reports, outputs, strict=True)]
+        assert sum(r["chunks_from_source"] for r, _ in shared) == len(chunks), shared
+        # Each started empty: every chunk came from a peer or SOURCE (a peer's chunks may
+        # be fetched again when a batch is retried: in-region bytes, not a crossing).
+        assert all(
+            r["chunks_from_peers"] + r["chunks_from_source"] >= len(chunks) for r, _ in shared
+        ), shared
+        assert all(r["peers_excluded"] == [] for r, _ in shared), shared
+        assert {h["node"]: h["chunks"] for h in version["holders"]} == dict.fromkeys(
+            [*hk, "us-1"], len(chunks)
+        )
+        assert version["sessions"] == []  # ended by calls that only b could answer
+        assert version["leases"] == 0
+        from_peers = sum(r["chunks_from_peers"] for r, _ in shared)
+        print(
+            f"{len(chunks)} chunks, each crossed once, {from_peers} from peers;"
+            f" syncs done {finished_s:.1f} s after the kill"
+        )
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await world.cleanup()
