@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
