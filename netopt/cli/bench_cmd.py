@@ -273,6 +273,13 @@ def _print_train(report: dict[str, Any]) -> None:
     show_default=True,
     help="netopt's run: the advised hook (auto) or this one.",
 )
+@click.option(
+    "--buckets",
+    type=click.Choice(["auto", "default"]),
+    default="auto",
+    show_default=True,
+    help="netopt's run: DDP's bucket_cap_mb as advised (auto) or DDP's own 25 MiB.",
+)
 @click.option("--lab-prefix", default=None, help="Namespace prefix of the lab (unique).")
 @click.option(
     "--out",
@@ -293,7 +300,7 @@ def _print_train(report: dict[str, Any]) -> None:
 def train_command(
     lab_file: str | None, nodes: str | None, ranks: int, cc: str, steps: int, seed: int,
     dim: int, layers: int, heads: int, seq: int, batch: int, shards: int, shard_size: str,
-    hook: str, lab_prefix: str | None, out_dir: Path, timeout_s: float, as_json: bool,
+    hook: str, buckets: str, lab_prefix: str | None, out_dir: Path, timeout_s: float, as_json: bool,
 ) -> int:  # fmt: skip
     """Train a small byte-level language model with DDP twice: defaults against netopt."""
     import importlib.util
@@ -307,7 +314,7 @@ def train_command(
     options = TrainOptions(
         steps=steps, seed=seed, shape=ModelShape(dim, layers, heads, seq), batch=batch,
         shards=shards, shard_bytes=_bytes(shard_size, "--shard-size"), hook=hook,
-        timeout_s=timeout_s, out_dir=out_dir,
+        buckets=buckets, timeout_s=timeout_s, out_dir=out_dir,
     )  # fmt: skip
     if lab_file:
         topology = load_settings(lab_file, "lab")

@@ -80,6 +80,8 @@ class TrainOptions:
     shards: int = 16
     shard_bytes: int = 256 * 1024
     hook: str = "auto"
+    buckets: str = "auto"
+    """``auto``: DDP's bucket_cap_mb as advised; ``default``: DDP's own 25 MiB."""
     timeout_s: float = 1800.0
     out_dir: Path = Path("bench-train")
     threads: int = 1
@@ -120,6 +122,8 @@ def interleave(nodes: Sequence[str], region_of: Callable[[str], str]) -> tuple[s
 
 def choose_hook(advice: Advice, two_level_noted: bool) -> tuple[str, str]:
     """The bench's hook for ``advice``: (hook, why)."""
+    if advice.hook == "hierarchical_powerSGD_hook":
+        return "hierarchical-powersgd", advice.hook_reason
     if advice.hook == "powerSGD_hook":
         return "powersgd", advice.hook_reason
     if advice.hook == "bf16_compress_hook":
@@ -469,8 +473,9 @@ def run_train_lab(
                                                  deadline)  # fmt: skip
         per_node_dir = {n: str(dests[n]) for n in nodes}
         psgd_rank = advice.powersgd_rank or 4
+        bucket_cap_mb = advice.bucket_cap_mb if options.buckets == "auto" else None
         docs, border = _lab_ranks(lab, order.advised, {**flags, "hook": hook,
-                                  "powersgd_rank": psgd_rank,
+                                  "powersgd_rank": psgd_rank, "bucket_cap_mb": bucket_cap_mb,
                                   "regions": ",".join(region_of(n) for n in order.advised)},
                                   env, deadline.left("netopt's run"), regions,
                                   per_node_dir)  # fmt: skip
@@ -479,6 +484,7 @@ def run_train_lab(
             "advice_hook": advice.hook, "powersgd_rank": psgd_rank,
             "advice_reason": advice.hook_reason,
             "advice_notes": list(advice.notes), "hook_why": why,
+            "bucket_cap_mb": bucket_cap_mb, "bucket_reason": advice.bucket_reason,
             "accumulation": None if advice.accumulation is None else {
                 "micro_batches": advice.accumulation.micro_batches,
                 "applied": False,
@@ -490,7 +496,8 @@ def run_train_lab(
         })  # fmt: skip
         netopt.border_bytes = border
         comm = predicted_comm_s(fabric_after, netopt.grad_bytes, hook, layer_dim=shape.dim,
-                                powersgd_rank=psgd_rank)  # fmt: skip
+                                powersgd_rank=psgd_rank,
+                                bucket_bytes=(bucket_cap_mb or 25) * 2**20)  # fmt: skip
         netopt.predicted_comm_s = comm
         netopt.predicted_step_s = predicted_step_s(netopt.compute_s, comm)
         lab_facts = {"prefix": lab.prefix, "origin": origin, "cc": cc,

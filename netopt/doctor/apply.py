@@ -41,6 +41,7 @@ SAFE_SYSCTLS = frozenset(
         "net.ipv4.tcp_wmem",
         "net.ipv4.tcp_congestion_control",
         "net.ipv4.tcp_mtu_probing",
+        "net.ipv4.tcp_slow_start_after_idle",
     }
 )
 UNDO_FORMAT = "netopt-doctor-undo/1"

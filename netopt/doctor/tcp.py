@@ -26,6 +26,8 @@ __all__ = [
     "recommended_buffer_bytes",
 ]
 
+INITIAL_WINDOW_BYTES = 10 * 1448
+"""Linux's initial congestion window (10 segments): where an idle connection restarts."""
 LOSSY_RATIO = 0.001
 """Loss above which a loss-based algorithm is held well below a fast link's rate."""
 MIN_RECOMMENDED_BUFFER_BYTES = 16 * 2**20
@@ -43,6 +45,7 @@ class TcpFacts:
     congestion_control: str | None
     available_congestion_control: tuple[str, ...] = ()
     mtu_probing: int | None = None
+    slow_start_after_idle: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ def read_tcp_facts() -> TcpFacts:
             (read_sysctl("net.ipv4.tcp_available_congestion_control") or "").split()
         ),
         mtu_probing=_int(read_sysctl("net.ipv4.tcp_mtu_probing")),
+        slow_start_after_idle=_int(read_sysctl("net.ipv4.tcp_slow_start_after_idle")),
     )
 
 
@@ -204,6 +208,36 @@ def _congestion_finding(facts: TcpFacts, links: Sequence[LinkView]) -> Finding |
     )
 
 
+def _idle_restart_finding(facts: TcpFacts, links: Sequence[LinkView]) -> Finding | None:
+    """``tcp_slow_start_after_idle=1`` on a link whose BDP is many initial windows."""
+    if facts.slow_start_after_idle != 1:
+        return None
+    worst: tuple[float, LinkView] | None = None
+    for link in links:
+        bdp = bdp_bytes(link.rate_mbps or 1000.0, link.rtt_ms)
+        if bdp >= 8 * INITIAL_WINDOW_BYTES and (worst is None or bdp > worst[0]):
+            worst = (bdp, link)
+    if worst is None:
+        return None
+    bdp, link = worst
+    rtts = math.ceil(math.log2(bdp / INITIAL_WINDOW_BYTES))
+    return Finding(
+        check="tcp",
+        impact=20,
+        title="TCP restarts idle connections from the initial window",
+        subject=link.name,
+        evidence=(
+            f"net.ipv4.tcp_slow_start_after_idle = 1: a connection idle for one RTO "
+            f"(>= 200 ms) starts again at 10 segments; on {link.name} (RTT {link.rtt_ms:g} ms, "
+            f"BDP {bdp:,.0f} bytes) a burst after idle, such as a training step's gradient "
+            f"exchange after its compute, waits about {rtts} extra round trips "
+            f"({rtts * link.rtt_ms:g} ms) to reach the link's rate"
+        ),
+        fix="sysctl -w net.ipv4.tcp_slow_start_after_idle=0",
+        sysctls=(("net.ipv4.tcp_slow_start_after_idle", "0"),),
+    )
+
+
 def check_tcp(facts: TcpFacts, links: Sequence[LinkView]) -> list[Finding]:
     """Findings about buffer ceilings, congestion control and MTU probing (pure).
 
@@ -215,6 +249,9 @@ def check_tcp(facts: TcpFacts, links: Sequence[LinkView]) -> list[Finding]:
     congestion = _congestion_finding(facts, links)
     if congestion is not None:
         findings.append(congestion)
+    idle = _idle_restart_finding(facts, links)
+    if idle is not None:
+        findings.append(idle)
     if facts.mtu_probing == 0:
         findings.append(
             Finding(

@@ -9,10 +9,18 @@ largest matrix-approximation rank that fits. Beside the hook: gradient
 accumulation (K micro-batches per all-reduce) when the share is over the
 target, and local SGD over the regions when even PowerSGD leaves it over
 (``nccl.fewer_syncs``).
+
+Across regions the hook's all-reduces can go through the region hierarchy
+(reduce inside the region, one exchange between the region leaders, broadcast):
+PowerSGD's two small all-reduces per bucket then wait on the border's latency
+twice, not ``2(n-1)`` times each, and ``hierarchical_powerSGD_hook`` is advised
+where that is predicted faster. DDP's ``bucket_cap_mb`` is chosen so that the
+buckets' communication overlaps the backward pass (:func:`overlap_buckets`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -21,10 +29,14 @@ from netopt.nccl.fewer_syncs import accumulation, averaging
 from netopt.nccl.model import Advice, TuneOptions
 
 __all__ = [
+    "BACKWARD_SHARE",
+    "BUCKET_CAPS_MB",
     "POWERSGD_RANKS",
     "TARGET_SHARE",
     "TORCH_DEFAULT_NCCL_TIMEOUT_S",
     "advise",
+    "hierarchical_allreduce_s",
+    "overlap_buckets",
     "step_comm_s",
 ]
 
@@ -34,6 +46,11 @@ POWERSGD_RANKS = (32, 16, 8, 4, 2, 1)
 TORCH_DEFAULT_NCCL_TIMEOUT_S = 600
 """PyTorch's default init_process_group timeout for NCCL (10 minutes)."""
 NCCL_ALGORITHMS = ("ring", "tree")
+BACKWARD_SHARE = 2 / 3
+"""The backward pass's share of a step's compute (backward costs about 2 x forward)."""
+BUCKET_CAPS_MB = (25, 16, 8, 4, 2, 1)
+"""The ``bucket_cap_mb`` values weighed, DDP's default (25) first."""
+MIB = 2**20
 
 
 def _best_nccl_s(fabric: Fabric, size_bytes: int) -> float:
@@ -48,6 +65,42 @@ def step_comm_s(fabric: Fabric, grad_bytes: int, bucket_bytes: int) -> float:
     full, rest = divmod(grad_bytes, bucket_bytes)
     total = full * _best_nccl_s(fabric, bucket_bytes)
     return total + (_best_nccl_s(fabric, rest) if rest else 0.0)
+
+
+def hierarchical_allreduce_s(fabric: Fabric, size_bytes: float) -> float | None:
+    """Region reduce, the leaders' ring over the border, region broadcast (None: one region)."""
+    if fabric.wan is None or len(fabric.region_sizes) < 2:
+        return None
+    local = 0.0
+    if fabric.local is not None and max(fabric.region_sizes) > 1:
+        local = 2 * (fabric.local.alpha_s + size_bytes * 8 / fabric.local.rate_bps)
+    regions = len(fabric.region_sizes)
+    return local + ring_allreduce_s(regions, size_bytes, fabric.wan.alpha_s, fabric.wan.rate_bps)
+
+
+def overlap_buckets(
+    grad_bytes: int, backward_s: float, bucket_s: Callable[[int], float]
+) -> tuple[int, float, float]:
+    """The ``bucket_cap_mb`` whose communication leaves the least of it after backward.
+
+    Model: gradients become ready evenly over ``backward_s``, a bucket's collective
+    (``bucket_s(bytes)``) starts when its gradients are ready and the previous
+    bucket's is done. Returns (cap in MiB, exposed seconds at that cap, exposed at
+    DDP's default 25); ties go to the larger cap (fewer collectives).
+    """
+
+    def exposed(cap_mb: int) -> float:
+        cap = cap_mb * MIB
+        sizes = [cap] * (grad_bytes // cap) + ([grad_bytes % cap] if grad_bytes % cap else [])
+        done, ready = 0.0, 0.0
+        for size in sizes:
+            ready += backward_s * size / grad_bytes
+            done = max(done, ready) + bucket_s(size)
+        return max(0.0, done - backward_s)
+
+    default = exposed(BUCKET_CAPS_MB[0])
+    best = min(BUCKET_CAPS_MB, key=lambda c: (round(exposed(c), 3), -c))
+    return best, exposed(best), default
 
 
 def _share(comm_s: float, compute_s: float) -> float:
@@ -82,6 +135,31 @@ def advise(
 
     share = _share(comm_s, compute_s)
     hook, rank, reason, after = _pick_hook(share, share_with, options.layer_dim)
+    per_bucket = functools.partial(_bucket_comm_s, fabric, hook, rank, options.layer_dim)
+    if hook == "powerSGD_hook" and rank is not None:
+        flat = sum(per_bucket(b) for b in _bucket_sizes(grad_bytes, options.bucket_bytes))
+        hier = functools.partial(_bucket_comm_s, fabric, "hierarchical_powerSGD_hook", rank,
+                                 options.layer_dim)  # fmt: skip
+        two_level = sum(hier(b) for b in _bucket_sizes(grad_bytes, options.bucket_bytes))
+        if two_level < flat:
+            hook, per_bucket = "hierarchical_powerSGD_hook", hier
+            after = _share(two_level, compute_s)
+            reason += (
+                f"; its P and Q all-reduces through the region hierarchy (reduce in the "
+                f"region, the leaders' exchange, broadcast) take {two_level:.3g}s a step "
+                f"instead of a flat ring's {flat:.3g}s ({after:.0%} of a step): "
+                f"apply_comm_hook(model, 'hierarchical_powerSGD_hook', regions=..., "
+                f"powersgd_rank={rank})"
+            )
+    backward_s = BACKWARD_SHARE * compute_s
+    cap, exposed_s, default_s = overlap_buckets(grad_bytes, backward_s, per_bucket)
+    bucket_reason = (
+        f"DDP(bucket_cap_mb={cap}, gradient_as_bucket_view=True): each bucket's all-reduce "
+        f"starts when its gradients are ready in the backward pass ({backward_s:.3g}s "
+        f"predicted); {exposed_s:.3g}s of communication predicted left after it"
+        + (f" (DDP's default 25 MiB leaves {default_s:.3g}s)" if cap != 25 else "")
+        + "; gradient_as_bucket_view saves one copy of the gradients per step"
+    )
     local_averaging = None
     if after > TARGET_SHARE and len(fabric.region_sizes) > 1:
         region_s = _region_comm_s(fabric, grad_bytes, options.bucket_bytes)
@@ -95,7 +173,31 @@ def advise(
         comm_share=share,
         accumulation=accumulation(comm_s, compute_s, TARGET_SHARE),
         averaging=local_averaging,
+        bucket_cap_mb=cap,
+        bucket_reason=bucket_reason,
     )
+
+
+def _bucket_sizes(grad_bytes: int, bucket_bytes: int) -> list[int]:
+    full, rest = divmod(grad_bytes, bucket_bytes)
+    return [bucket_bytes] * full + ([rest] if rest else [])
+
+
+def _bucket_comm_s(
+    fabric: Fabric, hook: str, rank: int | None, layer_dim: int, size_bytes: int
+) -> float:
+    """One bucket's communication under ``hook`` (PowerSGD: two all-reduces of P and Q)."""
+    factor, allreduces = 1.0, 1
+    if hook == "bf16_compress_hook":
+        factor = 0.5
+    elif rank is not None and "powerSGD" in hook:
+        factor, allreduces = min(1.0, 2 * rank / layer_dim), 2
+    size = int(size_bytes * factor / allreduces)
+    if hook.startswith("hierarchical"):
+        two_level = hierarchical_allreduce_s(fabric, size)
+        if two_level is not None:
+            return allreduces * two_level
+    return allreduces * step_comm_s(fabric, size, max(1, size))
 
 
 def _region_comm_s(fabric: Fabric, grad_bytes: int, bucket_bytes: int) -> float:

@@ -190,6 +190,9 @@ class Advice:
     """Gradient accumulation, when communication is over the target share."""
     averaging: Averaging | None = None
     """Local SGD over the regions, when even PowerSGD leaves it over the target."""
+    bucket_cap_mb: int | None = None
+    """DDP's ``bucket_cap_mb`` for overlap with the backward pass (None: no advice)."""
+    bucket_reason: str = ""
 
 
 @dataclass(frozen=True)

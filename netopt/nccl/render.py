@@ -57,6 +57,8 @@ def _header(settings: NcclSettings, node: str | None = None) -> list[str]:
     lines.append(f"#   {advice.timeout_reason}")
     hook = advice.hook + (f"(rank {advice.powersgd_rank})" if advice.powersgd_rank else "")
     lines.append(f"# advice: DDP comm hook {hook}: {advice.hook_reason}")
+    if advice.bucket_cap_mb is not None:
+        lines.append(f"# advice: DDP buckets: {advice.bucket_reason}")
     if advice.accumulation is not None:
         lines.append(f"# advice: gradient accumulation: {advice.accumulation.reason}")
     if advice.averaging is not None:
@@ -198,6 +200,8 @@ def settings_as_data(settings: NcclSettings) -> dict[str, Any]:
             "hook_reason": advice.hook_reason,
             "powersgd_rank": advice.powersgd_rank,
             "comm_share": advice.comm_share,
+            "bucket_cap_mb": advice.bucket_cap_mb,
+            "bucket_reason": advice.bucket_reason,
             "notes": list(advice.notes),
             "accumulation": None if advice.accumulation is None else asdict(advice.accumulation),
             "averaging": None if advice.averaging is None else asdict(advice.averaging),

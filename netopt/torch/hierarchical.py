@@ -9,12 +9,20 @@ flat ring pays ``2(n-1)/n x S`` on each border hop and waits ``2(n-1)`` times on
 the border's latency.
 
 Gloo matches collectives by the order they are enqueued on a group, and DDP
-calls the hook for bucket 0, 1, ... on every rank. So one worker thread per
-state runs each bucket's three collectives to the end, blocking, bucket after
-bucket: every group sees the same order on every rank, and the backward pass
-goes on computing meanwhile (the hook only queues). A failed or timed-out
-collective fails that bucket's future (DDP raises in ``backward()``); nothing
-waits forever: each blocking call is bounded by the group's timeout.
+calls the hook for bucket 0, 1, ... on every rank. So the three steps are a
+pipeline of three worker threads, each on its own group (the in-region reduce,
+the leaders' all-reduce, the in-region broadcast on a second group of the
+region's ranks), each taking the buckets in the order they were submitted:
+every group sees the same order on every rank, bucket k+1's reduce runs while
+bucket k crosses the border, and the backward pass goes on computing meanwhile
+(the hook only queues). A failed or timed-out collective fails that bucket's
+future (DDP raises in ``backward()``); nothing waits forever: each blocking call
+is bounded by the group's timeout.
+
+:func:`hierarchical_powersgd_state` puts netopt's low-rank hook on top: its P
+and Q all-reduces (small: ``r x (rows + cols)`` per matrix) go through two such
+pipelines, so the border sees two small exchanges between the leaders per bucket
+instead of a flat ring's ``2(n-1)`` border-latency steps each.
 
 Every rank must call :func:`region_groups` at the same point, with the same
 ``regions`` (``dist.new_group`` is collective over the whole world).
@@ -32,12 +40,14 @@ from typing import Any
 
 from netopt.errors import ValidationError
 from netopt.names import NODE_NAME_RULE, is_node_name
+from netopt.torch.lowrank import LowRankState
 
 __all__ = [
     "HierarchicalState",
     "RegionGroups",
     "gather_regions",
     "hierarchical_hook",
+    "hierarchical_powersgd_state",
     "region_groups",
     "region_members",
 ]
@@ -75,6 +85,8 @@ class RegionGroups:
     leader: int
     region_group: Any
     leader_group: Any
+    broadcast_group: Any = None
+    """A second group of the region's ranks for the broadcasts (None: ``region_group``)."""
 
     @property
     def is_leader(self) -> bool:
@@ -112,63 +124,100 @@ def region_groups(
         raise ValidationError(f"{len(regions)} regions given for a world of {world} ranks")
     members = region_members(regions)
     timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
-    leader, region_group = rank, None
+    leader, region_group, broadcast_group = rank, None, None
     for _name, ranks in members:
-        group = None
+        group = second = None
         if len(ranks) > 1:
             group = dist.new_group(ranks=list(ranks), timeout=timeout, backend=backend)
+            second = dist.new_group(ranks=list(ranks), timeout=timeout, backend=backend)
         if rank in ranks:
-            leader, region_group = ranks[0], group
+            leader, region_group, broadcast_group = ranks[0], group, second
     leaders = [ranks[0] for _name, ranks in members]
     leader_group = None
     if len(leaders) > 1:
         group = dist.new_group(ranks=leaders, timeout=timeout, backend=backend)
         leader_group = group if rank in leaders else None
-    return RegionGroups(rank, world, members, leader, region_group, leader_group)
+    return RegionGroups(rank, world, members, leader, region_group, leader_group, broadcast_group)
+
+
+_STAGES = ("reduce", "leaders", "broadcast")
 
 
 @dataclass
 class HierarchicalState:
-    """The hook's state: the groups and the worker thread that runs the collectives."""
+    """The hook's state: the groups and the three worker threads that run the collectives."""
 
     torch: Any
     groups: RegionGroups
-    _queue: queue.SimpleQueue[tuple[Any, Any]] = field(default_factory=queue.SimpleQueue)
-    _worker: threading.Thread | None = None
+    _queues: tuple[queue.SimpleQueue[tuple[Any, Any, bool]], ...] = field(
+        default_factory=lambda: tuple(queue.SimpleQueue() for _ in _STAGES)
+    )
+    _workers: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def submit(self, buffer: Any) -> Any:
-        """Queue ``buffer``'s all-reduce; the future completes with the averaged buffer."""
+    def submit(self, buffer: Any, *, average: bool = True) -> Any:
+        """Queue ``buffer``'s all-reduce; the future completes with the buffer averaged
+        over the world (``average=False``: summed), in place."""
         future = self.torch.futures.Future()
         with self._lock:
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._run, name="netopt-hierarchical-allreduce", daemon=True
-                )
-                self._worker.start()
-        self._queue.put((buffer, future))
+            if not self._workers:
+                for index, name in enumerate(_STAGES):
+                    worker = threading.Thread(
+                        target=self._run, args=(index,),
+                        name=f"netopt-hierarchical-{name}", daemon=True,
+                    )  # fmt: skip
+                    worker.start()
+                    self._workers.append(worker)
+            self._queues[0].put((buffer, future, average))
         return future
 
-    def _run(self) -> None:
+    def _run(self, stage: int) -> None:
         while True:
-            buffer, future = self._queue.get()
+            buffer, future, average = self._queues[stage].get()
             try:
-                self.allreduce(buffer)
-                buffer.div_(self.groups.world)
+                self._step(stage, buffer)
+                if stage == len(_STAGES) - 1 and average:
+                    buffer.div_(self.groups.world)
             except Exception as exc:  # handed to DDP, which raises it in backward()
                 future.set_exception(exc)
-            else:
+                continue
+            if stage == len(_STAGES) - 1:
                 future.set_result(buffer)
+            else:
+                self._queues[stage + 1].put((buffer, future, average))
+
+    def _step(self, stage: int, tensor: Any) -> None:
+        dist, g = self.torch.distributed, self.groups
+        if stage == 0 and g.region_group is not None:
+            dist.reduce(tensor, dst=g.leader, group=g.region_group)
+        elif stage == 1 and g.leader_group is not None:
+            dist.all_reduce(tensor, group=g.leader_group)
+        elif stage == 2 and g.region_group is not None:
+            group = g.broadcast_group if g.broadcast_group is not None else g.region_group
+            dist.broadcast(tensor, src=g.leader, group=group)
 
     def allreduce(self, tensor: Any) -> None:
         """Sum ``tensor`` over the world in place: region, leaders, region (blocking)."""
-        dist, g = self.torch.distributed, self.groups
-        if g.region_group is not None:
-            dist.reduce(tensor, dst=g.leader, group=g.region_group)
-        if g.leader_group is not None:
-            dist.all_reduce(tensor, group=g.leader_group)
-        if g.region_group is not None:
-            dist.broadcast(tensor, src=g.leader, group=g.region_group)
+        for stage in range(len(_STAGES)):
+            self._step(stage, tensor)
+
+
+def hierarchical_powersgd_state(
+    torch: Any, regions: Sequence[str], rank: int, start_iter: int
+) -> tuple[Any, RegionGroups]:
+    """A :class:`~netopt.torch.lowrank.LowRankState` whose P and Q all-reduces run
+    through the region hierarchy (two pipelines, each on its own groups), and this
+    rank's groups. Collective: every rank calls it at the same point."""
+    p_groups = region_groups(torch, regions)
+    q_groups = region_groups(torch, regions)
+    p_state, q_state = HierarchicalState(torch, p_groups), HierarchicalState(torch, q_groups)
+    state = LowRankState(
+        torch=torch, process_group=None, q_group=None, matrix_approximation_rank=rank,
+        start_iter=start_iter,
+        sum_p=lambda t: p_state.submit(t, average=False),
+        sum_q=lambda t: q_state.submit(t, average=False),
+    )  # fmt: skip
+    return state, p_groups
 
 
 def hierarchical_hook(state: HierarchicalState, bucket: Any) -> Any:

@@ -11,13 +11,24 @@ from typing import Any
 
 from netopt.errors import DependencyError, ValidationError
 from netopt.nccl.model import Advice
-from netopt.torch.hierarchical import HierarchicalState, hierarchical_hook, region_groups
+from netopt.torch.hierarchical import (
+    HierarchicalState,
+    hierarchical_hook,
+    hierarchical_powersgd_state,
+    region_groups,
+)
 from netopt.torch.lowrank import LowRankState, lowrank_hook
 from netopt.torch.stepmeter import StepMeter
 
 __all__ = ["HOOKS", "AppliedHook", "apply_advice", "apply_comm_hook", "import_torch"]
 
-HOOKS = ("none", "bf16_compress_hook", "powerSGD_hook", "hierarchical_allreduce_hook")
+HOOKS = (
+    "none",
+    "bf16_compress_hook",
+    "powerSGD_hook",
+    "hierarchical_allreduce_hook",
+    "hierarchical_powerSGD_hook",
+)
 _HOOKS_PKG = "torch.distributed.algorithms.ddp_comm_hooks"
 
 
@@ -112,6 +123,9 @@ def apply_comm_hook(
     :func:`~netopt.torch.hierarchical.hierarchical_hook` over the region subgroups
     of ``regions`` (the region of each rank, e.g. from ``gather_regions``); every
     rank must call this at the same point (it creates process groups).
+    ``hierarchical_powerSGD_hook`` is netopt's low-rank hook whose P and Q
+    all-reduces run through that hierarchy: the border carries two small
+    exchanges between the region leaders per bucket (``powersgd_rank`` needed).
     With ``meter`` the hook's futures are timed for that :class:`StepMeter`.
     For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
     Raises ValidationError for another model type, an unknown hook or a missing
@@ -136,6 +150,24 @@ def apply_comm_hook(
         groups = region_groups(torch, regions)
         _register(model, HierarchicalState(torch, groups), hierarchical_hook, meter)
         return AppliedHook(hook, groups)
+    if hook == "hierarchical_powerSGD_hook":
+        if regions is None or process_group is not None:
+            raise ValidationError(
+                "the hierarchical PowerSGD hook needs the region of each rank and runs on "
+                "the default group only"
+            )
+        if powersgd_rank is None or powersgd_rank < 1:
+            raise ValidationError(f"PowerSGD needs a rank >= 1, got {powersgd_rank}")
+        state, groups = hierarchical_powersgd_state(
+            torch, regions, powersgd_rank, start_powersgd_iter
+        )
+        _register(model, state, lowrank_hook, meter)
+        note = (
+            "netopt's lowrank_hook (PowerSGD's maths, error feedback) with its P and Q "
+            "all-reduces reduced inside each region, exchanged between the region leaders "
+            "and broadcast back"
+        )
+        return AppliedHook(hook, state, note)
     default_hooks = importlib.import_module(f"{_HOOKS_PKG}.default_hooks")
     if hook == "bf16_compress_hook":
         if _bf16_works(torch, process_group):

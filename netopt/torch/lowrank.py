@@ -66,6 +66,12 @@ class LowRankState:
     min_compression_rate: float = 2.0
     seed: int = 0
     iter: int = 0
+    sum_p: Any = None
+    """``(tensor) -> Future[tensor]``: the world's sum of the P (and warm-up) tensors in
+    place; None: ``all_reduce`` on ``process_group``. The hierarchical variant passes a
+    region-hierarchical all-reduce here (see ``netopt.torch.hierarchical``)."""
+    sum_q: Any = None
+    """The same for the Q tensors (None: ``all_reduce`` on ``q_group``)."""
     q_memory: dict[int, list[Any]] = field(default_factory=dict)
     error: dict[int, Any] = field(default_factory=dict)
     sequencer: _Sequencer = field(default_factory=_Sequencer)
@@ -83,6 +89,16 @@ def _prod(values: tuple[int, ...]) -> int:
     for value in values:
         out *= value
     return out
+
+
+def _summed(state: LowRankState, tensor: Any, *, q: bool) -> Any:
+    """A future of ``tensor`` summed over the world, in place (issued now, in call order)."""
+    custom = state.sum_q if q else state.sum_p
+    if custom is not None:
+        return custom(tensor)
+    group = state.q_group if q else state.process_group
+    fut = state.torch.distributed.all_reduce(tensor, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
 
 
 def _chain(source: Any, fail: Any, step: Any) -> None:
@@ -107,8 +123,7 @@ def lowrank_hook(state: LowRankState, bucket: Any) -> Any:
     if state.iter < state.start_iter:
         if bucket.is_last():
             state.iter += 1
-        fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0].div_(world))
+        return _summed(state, buffer, q=False).then(lambda f: f.value().div_(world))
     if bucket.is_last():
         state.iter += 1
     index, is_last = bucket.index(), bucket.is_last()
@@ -133,7 +148,7 @@ def lowrank_hook(state: LowRankState, bucket: Any) -> Any:
     def got_ps(value: Any) -> None:
         # Always reach the sequencer, even on failure: later buckets wait for this index.
         try:
-            ortho, new_qs, flat_q = _after_ps(value[0])
+            ortho, new_qs, flat_q = _after_ps(value)
         except Exception as exc:  # handed to DDP, which raises it
             fail(exc)
             state.sequencer.submit(index, is_last, lambda: None)
@@ -144,8 +159,8 @@ def lowrank_hook(state: LowRankState, bucket: Any) -> Any:
                 if not new_qs:  # nothing compressed in this bucket: no Q to exchange
                     got_qs(flat_q, ortho, new_qs)
                     return
-                fut = dist.all_reduce(flat_q, group=state.q_group, async_op=True).get_future()
-                _chain(fut, fail, lambda v: got_qs(v[0], ortho, new_qs))
+                fut = _summed(state, flat_q, q=True)
+                _chain(fut, fail, lambda v: got_qs(v, ortho, new_qs))
             except Exception as exc:  # handed to DDP, which raises it
                 fail(exc)
 
@@ -181,8 +196,7 @@ def lowrank_hook(state: LowRankState, bucket: Any) -> Any:
         state.error[index] = error
         result.set_result(buffer)
 
-    first = dist.all_reduce(flat_p, group=group, async_op=True).get_future()
-    _chain(first, fail, got_ps)
+    _chain(_summed(state, flat_p, q=False), fail, got_ps)
     return result
 
 

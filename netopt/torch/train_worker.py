@@ -37,6 +37,32 @@ from netopt.torch.trainbench import (
 
 __all__ = ["main"]
 
+POWERSGD_START_ITER = 2
+"""Synchronous (uncompressed) steps before PowerSGD starts."""
+
+
+def _wire_bytes(model: Any, args: argparse.Namespace) -> int:
+    """S: the bytes one step's all-reduce carries, the mean over the steps (PowerSGD:
+    the full gradients for the warm-up steps, then P and Q, the rest uncompressed)."""
+    from netopt.torch.lowrank import LowRankState
+
+    full = 4 * sum(int(p.numel()) for p in model.parameters())
+    if "fp16" in args.hook:
+        return full // 2
+    if "powersgd" not in args.hook:
+        return full
+    probe = LowRankState(None, None, None, args.powersgd_rank)
+    compressed = 0
+    for p in model.parameters():
+        shape = tuple(p.shape)
+        if probe.compresses(shape):
+            rows, cols = int(shape[0]), int(p.numel()) // int(shape[0])
+            compressed += 4 * min(rows, cols, args.powersgd_rank) * (rows + cols)
+        else:
+            compressed += 4 * int(p.numel())
+    warm = min(int(args.steps), POWERSGD_START_ITER)
+    return int((warm * full + (args.steps - warm) * compressed) // args.steps)
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="netopt.torch.train_worker")
@@ -56,6 +82,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard-bytes", type=int, required=True)
     parser.add_argument("--hook", choices=TRAIN_HOOKS, default="none")
     parser.add_argument("--powersgd-rank", type=int, default=4)
+    parser.add_argument(
+        "--bucket-cap-mb", type=int, help="DDP's bucket_cap_mb, with gradient_as_bucket_view"
+    )
     parser.add_argument("--regions", default="", help="comma-separated region of each rank")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data-url", help="base URL of the shards (plain HTTP)")
@@ -124,13 +153,20 @@ def _register_hook(torch: Any, ddp: Any, args: argparse.Namespace, meter: Any) -
         return applied.name, applied.note
     if args.hook == "powersgd":
         applied = apply_comm_hook(
-            ddp, "powerSGD_hook", powersgd_rank=args.powersgd_rank, start_powersgd_iter=2,
+            ddp, "powerSGD_hook", powersgd_rank=args.powersgd_rank,
+            start_powersgd_iter=POWERSGD_START_ITER,
             meter=meter,
         )  # fmt: skip
         return applied.name, applied.note
     if args.hook == "hierarchical":
         applied = apply_comm_hook(ddp, "hierarchical_allreduce_hook", regions=regions, meter=meter)
         return applied.name, ""
+    if args.hook == "hierarchical-powersgd":
+        applied = apply_comm_hook(
+            ddp, "hierarchical_powerSGD_hook", regions=regions, powersgd_rank=args.powersgd_rank,
+            start_powersgd_iter=POWERSGD_START_ITER, meter=meter,
+        )  # fmt: skip
+        return applied.name, applied.note
     state = HierarchicalState(torch, region_groups(torch, regions))
 
     def fp16_hierarchical(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
@@ -192,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shape = ModelShape(args.dim, args.layers, args.heads, args.seq)
         model = build_model(torch, shape, args.seed)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        bucketing = (
+            {}
+            if args.bucket_cap_mb is None
+            else {"bucket_cap_mb": args.bucket_cap_mb, "gradient_as_bucket_view": True}
+        )
+        ddp = torch.nn.parallel.DistributedDataParallel(model, **bucketing)
         params = sum(p.numel() for p in model.parameters())
         meter = StepMeter(args.job, log_path=args.log, rank=args.rank)
         hook, note = _register_hook(torch, ddp, args, meter)
@@ -239,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         "rank": args.rank,
         "params": params,
         "grad_bytes": 4 * params,
+        "wire_bytes": _wire_bytes(model, args),
+        "bucket_cap_mb": args.bucket_cap_mb,
         "hook": hook,
         "hook_note": note,
         "elapsed_s": elapsed,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.errors import NetworkError, ValidationError
+from netopt.nccl.advice import hierarchical_allreduce_s
 from netopt.nccl.costmodel import Fabric, ring_allreduce_s
 
 __all__ = [
@@ -58,7 +59,9 @@ __all__ = [
 ]
 
 RESULT_PREFIX = "NETOPT_TRAIN "
-TRAIN_HOOKS = ("none", "fp16", "powersgd", "hierarchical", "hierarchical-fp16")
+TRAIN_HOOKS = (
+    "none", "fp16", "powersgd", "hierarchical", "hierarchical-fp16", "hierarchical-powersgd",
+)  # fmt: skip
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb`` (25 MiB)."""
 DDP_FIRST_BUCKET_BYTES = 2**20
@@ -324,7 +327,7 @@ def summarize(
     timed = per_step[1:] or per_step
     first = documents[0]
     hook = str(first["hook"])
-    wire = int(first["grad_bytes"]) // (2 if "fp16" in hook else 1)
+    wire = int(first.get("wire_bytes") or int(first["grad_bytes"]) // (2 if "fp16" in hook else 1))
     return RunSummary(
         name=name,
         nodes=tuple(nodes),
@@ -345,33 +348,38 @@ def summarize(
     )
 
 
-def _buckets(grad_bytes: int) -> list[int]:
+def _buckets(grad_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
     first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
     rest = grad_bytes - first
-    full, tail = divmod(rest, DDP_BUCKET_BYTES)
-    return [first] + [DDP_BUCKET_BYTES] * full + ([tail] if tail else [])
+    full, tail = divmod(rest, bucket_bytes)
+    return [first] + [bucket_bytes] * full + ([tail] if tail else [])
 
 
 def predicted_comm_s(
-    fabric: Fabric, grad_bytes: int, hook: str, *, layer_dim: int = 256, powersgd_rank: int = 4
-) -> float:
+    fabric: Fabric, grad_bytes: int, hook: str, *, layer_dim: int = 256, powersgd_rank: int = 4,
+    bucket_bytes: int = DDP_BUCKET_BYTES,
+) -> float:  # fmt: skip
     """The cost model's gradient communication of one step, bucket after bucket (Gloo).
 
     A flat ring per bucket for ``none``/``fp16``/``powersgd`` (PowerSGD: two
     all-reduces of ``2 x rank / layer_dim`` of each bucket); for the hierarchical
     hooks a reduce and a broadcast inside the largest region (each one pass of the
-    bucket over the local hop) and a ring of the region leaders over the border.
+    bucket over the local hop) and a ring of the region leaders over the border
+    (``hierarchical-powersgd``: two of them, of PowerSGD's P and Q).
     """
     factor = 0.5 if "fp16" in hook else 1.0
     total = 0.0
-    for size in _buckets(grad_bytes):
+    for size in _buckets(grad_bytes, bucket_bytes):
         s = size * factor
-        if hook.startswith("hierarchical") and fabric.wan is not None:
-            local = 0.0
-            if fabric.local is not None and max(fabric.region_sizes) > 1:
-                local = 2 * (fabric.local.alpha_s + s * 8 / fabric.local.rate_bps)
-            regions = len(fabric.region_sizes)
-            total += local + ring_allreduce_s(regions, s, fabric.wan.alpha_s, fabric.wan.rate_bps)
+        two_level = hierarchical_allreduce_s(fabric, s) if hook.startswith("hierarchical") else None
+        if hook == "hierarchical-powersgd":
+            part = s * min(1.0, 2 * powersgd_rank / layer_dim) / 2
+            two_level = hierarchical_allreduce_s(fabric, part)
+            if two_level is not None:
+                total += 2 * two_level
+                continue
+        if two_level is not None:
+            total += two_level
         elif hook == "powersgd":
             part = s * min(1.0, 2 * powersgd_rank / layer_dim)
             total += 2 * ring_allreduce_s(fabric.n, part, fabric.ring.alpha_s, fabric.ring.rate_bps)

@@ -9,6 +9,10 @@ printed as JSON lines (one process start for all: torch's import dominates):
   the exact all-reduced mean gradient is computed on a plain copy of the model
   (the default group's ``all_reduce``): the largest absolute difference, the
   bucket sizes, the leader this rank reduced to;
+- ``hierarchical_powersgd``, on the 3+1 layout: netopt's hierarchical PowerSGD hook
+  at full rank with every matrix compressed (so the low-rank maths is exact), one
+  warm-up step then low-rank steps: the relative error against the exact mean, and
+  the same at rank 2 (compressed: the error is large but every rank agrees);
 - ``accumulation``: K=3 micro-batches, ``DDP.no_sync()`` for the first 2; the
   gradient after the third against the all-reduced mean of the three summed;
 - ``local_sgd``, on the last layout: netopt's ``apply_local_sgd``
@@ -26,6 +30,8 @@ import sys
 from datetime import timedelta
 
 from netopt.torch import apply_comm_hook, apply_local_sgd, import_torch
+from netopt.torch.hierarchical import hierarchical_powersgd_state
+from netopt.torch.lowrank import lowrank_hook
 
 SHAPES = ((512, 768), (768, 512), (512, 640), (640, 384), (384, 512), (512, 256), (256, 100))
 BATCH, STEPS, BUCKET_MB = 4, 3, 1  # buckets are rebuilt after step 0
@@ -77,6 +83,35 @@ def run(torch, rank, world, layout):
         "bucket_sizes": [int(s) for s in sizes.split(",") if s.strip()],
         "diffs": diffs,
     }
+
+
+def hierarchical_powersgd(torch, rank, world, layout, psgd_rank):
+    dist = torch.distributed
+    torch.manual_seed(0)
+    module = model(torch)
+    reference = copy.deepcopy(module)
+    ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=BUCKET_MB)
+    state, groups = hierarchical_powersgd_state(torch, layout.split(","), psgd_rank, 1)
+    state.min_compression_rate = 0.0  # every matrix through P and Q
+    ddp.register_comm_hook(state, lowrank_hook)
+    optimiser = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    errors, prints = [], []
+    for step in range(STEPS):
+        x = batch(torch, rank, step)
+        reference.load_state_dict(module.state_dict())
+        reference.zero_grad()
+        reference(x).pow(2).mean().backward()
+        exact = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        dist.all_reduce(exact)
+        exact /= world
+        optimiser.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        got = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+        errors.append(float((got - exact).norm() / exact.norm()))
+        prints.append(float(got.double().sum()))
+        optimiser.step()
+    return {"part": "hierarchical_powersgd", "rank": rank, "psgd_rank": psgd_rank,
+            "leader": groups.leader, "errors": errors, "fingerprints": prints}  # fmt: skip
 
 
 def batch(torch, rank, step):
@@ -143,6 +178,9 @@ def main() -> int:
     )  # fmt: skip
     for layout in layouts:
         print(json.dumps(run(torch, rank, world, layout)), flush=True)
+    for psgd_rank in (1024, 2):
+        result = hierarchical_powersgd(torch, rank, world, "hk,hk,hk,us", psgd_rank)
+        print(json.dumps(result), flush=True)
     print(json.dumps(accumulation(torch, rank, world)), flush=True)
     print(json.dumps(local_sgd(torch, rank, world, layouts[-1].split(","))), flush=True)
     torch.distributed.barrier()

@@ -52,6 +52,24 @@ def test_hierarchical_hook_equals_all_reduce_four_ranks(four_ranks: list[dict]) 
                 assert diff["max_abs"] <= 1e-5 * diff["scale"] + 1e-7, (layout, rank["rank"])
 
 
+def test_hierarchical_powersgd_is_exact_at_full_rank_and_agrees_compressed(
+    four_ranks: list[dict],
+) -> None:
+    results = [r for r in four_ranks if r["part"] == "hierarchical_powersgd"]
+    full = [r for r in results if r["psgd_rank"] == 1024]
+    low = [r for r in results if r["psgd_rank"] == 2]
+    assert len(full) == 4
+    assert len(low) == 4
+    assert sorted(r["leader"] for r in full) == [0, 0, 0, 3]
+    for r in full:  # warm-up step, then P and Q through region, leaders, region: exact
+        assert len(r["errors"]) == 3
+        assert max(r["errors"]) < 1e-4, r
+    for r in low:  # rank 2 of 256-768 wide layers: an approximation, the same on every rank
+        assert r["errors"][0] < 1e-5  # the warm-up step is a full all-reduce
+        assert max(r["errors"][1:]) > 1e-3
+        assert r["fingerprints"] == low[0]["fingerprints"]
+
+
 def test_advised_accumulation_and_local_sgd_run_on_gloo(four_ranks: list[dict]) -> None:
     assert LAYOUTS[-1] == "hk,us,hk,us"  # the worker's local SGD runs on the last layout
     results = four_ranks

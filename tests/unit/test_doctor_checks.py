@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,18 @@ def test_cubic_on_lossy_link_recommends_bbr_with_mathis_bound() -> None:
     assert any(f.sysctls == (("net.ipv4.tcp_mtu_probing", "1"),) for f in findings)
     lossless = check_tcp(_tcp(rmem_max=64 * 2**20, cc="cubic"), [LinkView("x", 80.0, 100.0, 0)])
     assert lossless == []
+
+
+def test_idle_restart_on_a_long_fat_link_only() -> None:
+    facts = replace(_tcp(rmem_max=64 * 2**20), slow_start_after_idle=1)
+    findings = check_tcp(facts, [LinkView("hk<->us", 80.0, 100.0, 0.005)])
+    idle = next(f for f in findings if "idle" in f.title)
+    assert idle.sysctls == (("net.ipv4.tcp_slow_start_after_idle", "0"),)
+    assert "1,000,000 bytes" in idle.evidence  # 100 Mbit/s x 80 ms
+    assert "7 extra round trips" in idle.evidence  # 1 MB / 14.5 KB = 69 windows < 2^7
+    assert check_tcp(facts, [LinkView("lan", 0.2, 1000.0, 0)]) == []  # BDP 25 KB
+    off = replace(facts, slow_start_after_idle=0)
+    assert check_tcp(off, [LinkView("hk<->us", 80.0, 100.0, 0.0)]) == []
 
 
 def test_required_ports_and_blocked_direction() -> None:

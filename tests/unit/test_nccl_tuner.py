@@ -9,7 +9,7 @@ import pytest
 from nccl_helpers import V_2_21, V_2_24, V_2_26, link, nic, node, two_region, wan
 
 from netopt.errors import ValidationError
-from netopt.nccl.advice import TARGET_SHARE
+from netopt.nccl.advice import BUCKET_CAPS_MB, TARGET_SHARE, overlap_buckets
 from netopt.nccl.costmodel import (
     fabric_from_links,
     flow_ceiling_bps,
@@ -333,3 +333,43 @@ def test_communication_bound_cross_region_job_gets_both_advices() -> None:
     relaxed = tune_nccl(nodes, links, V_2_24, TuneOptions(params=1000, step_compute_ms=1e4))
     assert relaxed.advice.accumulation is None
     assert relaxed.advice.averaging is None
+
+
+# ---------------------------------------------------------------- across regions, overlap
+
+
+def test_overlap_buckets_smaller_when_bandwidth_bound_default_when_latency_bound() -> None:
+    grad = 23 * 2**20
+    # 1 s of communication per 23 MiB, backward 1.2 s: one 23 MiB bucket leaves all 1 s
+    # after backward; 2 MiB buckets start early and leave ~1/12 of it
+    cap, exposed, default = overlap_buckets(grad, 1.2, lambda b: b / grad)
+    assert default == pytest.approx(1.0, rel=1e-6)
+    assert cap < 25
+    assert exposed < 0.2
+    # 0.2 s per bucket whatever its size: more buckets only add waits
+    cap, exposed, default = overlap_buckets(grad, 1.2, lambda b: 0.2)
+    assert cap == 25
+    assert exposed == pytest.approx(default)
+
+
+def test_lab_like_regions_get_hierarchical_powersgd_and_a_bucket_cap() -> None:
+    names = ["hk-1", "hk-2", "hk-3", "us-1"]
+    nodes = [node(n, n[:2], nic("eth0", f"10.0.{i}.1/24")) for i, n in enumerate(names)]
+    links = [
+        (wan if a[:2] != b[:2] else link)(a, b, **(
+            {"single_stream_mbps": 90.0, "congestion_control": "bbr"} if a[:2] != b[:2]
+            else {"single_stream_mbps": 900.0, "link_mbps": 1000.0}
+        ))
+        for i, a in enumerate(names) for b in names[i + 1 :]
+    ]  # fmt: skip
+    options = TuneOptions(params=5_700_000, step_compute_ms=2000, layer_dim=256)
+    advice = tune_nccl(nodes, links, V_2_24, options).advice
+    assert advice.hook == "hierarchical_powerSGD_hook"
+    assert advice.powersgd_rank is not None
+    assert "flat ring" in advice.hook_reason
+    assert advice.bucket_cap_mb in BUCKET_CAPS_MB
+    assert "gradient_as_bucket_view=True" in advice.bucket_reason
+    # one region: nothing to be hierarchical about, the flat hook stays
+    one = [node(n, "hk", nic("eth0", f"10.0.0.{i + 1}/24")) for i, n in enumerate(names)]
+    flat = [wan(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    assert tune_nccl(one, flat, V_2_24, options).advice.hook == "powerSGD_hook"

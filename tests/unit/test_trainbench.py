@@ -67,6 +67,7 @@ def _advice(hook: str) -> Advice:
 
 def test_choose_hook_follows_the_advice() -> None:
     assert choose_hook(_advice("powerSGD_hook"), True)[0] == "powersgd"
+    assert choose_hook(_advice("hierarchical_powerSGD_hook"), True)[0] == "hierarchical-powersgd"
     assert choose_hook(_advice("bf16_compress_hook"), True)[0] == "hierarchical-fp16"
     assert choose_hook(_advice("bf16_compress_hook"), False)[0] == "fp16"
     assert choose_hook(_advice("none"), True)[0] == "hierarchical"
@@ -86,6 +87,15 @@ def test_hierarchical_prediction_beats_the_flat_ring_on_a_slow_border() -> None:
     # the flat ring moves 2(n-1)/n = 1.5 S per hop over the border, the leaders' ring S
     assert flat > 1.4 * grad * 8 / 90e6
     assert hier < 1.2 * grad * 8 / 90e6 + 0.5
+    # PowerSGD's P and Q through the hierarchy: two small leader exchanges per bucket,
+    # about 2 x 2 border latencies each, against a flat ring's 2 x 6
+    low = predicted_comm_s(fabric, grad, "hierarchical-powersgd", powersgd_rank=8)
+    assert low < predicted_comm_s(fabric, grad, "powersgd", powersgd_rank=8)
+    assert 2 * 2 * (2 * 0.04) < low < 0.6
+    # smaller buckets: more of them, each paying the latencies
+    smaller = predicted_comm_s(fabric, grad, "hierarchical-powersgd", powersgd_rank=8,
+                               bucket_bytes=4 * 2**20)  # fmt: skip
+    assert smaller > low
 
 
 def test_a_failed_rank_stops_the_others_at_once() -> None:
