@@ -141,8 +141,14 @@ def test_small_tcp_buffers_get_bdp_finding(lab: Lab, tmp_path: Path) -> None:
 def test_apply_then_undo_restores_exactly(lab: Lab, tmp_path: Path) -> None:
     links = tmp_path / "links.yaml"
     links.write_text(LINKS)
-    names = ["net.ipv4.tcp_rmem", "net.ipv4.tcp_mtu_probing", "net.ipv4.tcp_congestion_control"]
+    names = [
+        "net.ipv4.tcp_rmem",
+        "net.ipv4.tcp_mtu_probing",
+        "net.ipv4.tcp_congestion_control",
+        "net.ipv4.tcp_slow_start_after_idle",
+    ]
     lab.exec("hk-1", ["sysctl", "-q", "-w", "net.ipv4.tcp_rmem=4096 65536 131072"])
+    lab.exec("hk-1", ["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=1"])
     lab.exec("hk-1", ["sysctl", "-q", "-w", "net.ipv4.tcp_mtu_probing=0"])
     lab.exec("hk-1", ["sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=reno"])
     original = {n: _sysctl(lab, "hk-1", n) for n in names}
@@ -154,6 +160,7 @@ def test_apply_then_undo_restores_exactly(lab: Lab, tmp_path: Path) -> None:
     applied = {n: _sysctl(lab, "hk-1", n) for n in names}
     assert applied["net.ipv4.tcp_congestion_control"] == "bbr"
     assert applied["net.ipv4.tcp_mtu_probing"] == "1"
+    assert applied["net.ipv4.tcp_slow_start_after_idle"] == "0"
     assert applied["net.ipv4.tcp_rmem"] == f"4096\t65536\t{16 * 2**20}"
     lab.exec("hk-1", [*DOCTOR, "--undo", str(undo)])
     assert {n: _sysctl(lab, "hk-1", n) for n in names} == original
