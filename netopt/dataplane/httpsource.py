@@ -400,10 +400,17 @@ class HttpChunkSource:
         return self._session
 
     async def _read_exactly(self, resp: aiohttp.ClientResponse, n_bytes: int) -> bytes:
+        """``n_bytes`` of a frame; TimeoutError once `stall_timeout_s` passes without a
+        piece. `_watch_stalls` arms the same bound on the connection, but a response that
+        aiohttp has detached from its connection keeps a reader that no socket timer
+        reaches (seen: a stream waiting forever after a cut connection's chunks were
+        asked again), so the read itself is bounded too."""
         parts: list[bytes] = []
         left = n_bytes
+        stall_s = self.stall_timeout_s
         while left > 0:
-            piece = await resp.content.readexactly(min(left, _READ_PIECE_BYTES))
+            async with asyncio.timeout(stall_s):
+                piece = await resp.content.readexactly(min(left, _READ_PIECE_BYTES))
             if self._bucket is not None:
                 await self._bucket.take(len(piece))
             parts.append(piece)
