@@ -68,15 +68,7 @@ class CacheSink:
         return self.cache.has(chunk_id)
 
     async def put(self, chunk_id: str, data: bytes) -> None:
-        placed: Callable[[], None] | None = None
-        if self.on_placed is not None:
-            loop, report = asyncio.get_running_loop(), self.on_placed
-
-            def placed() -> None:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody asks
-                    loop.call_soon_threadsafe(report, chunk_id)
-
-        await asyncio.to_thread(self.cache.put, chunk_id, data, placed)
+        await asyncio.to_thread(self.blocking_put(chunk_id), data)
 
     async def get(self, chunk_id: str) -> bytes:
         return await asyncio.to_thread(self.cache.read, chunk_id)

@@ -179,16 +179,22 @@ def part_bounds(length_bytes: int, part: int, parts: int) -> tuple[int, int]:
 def decode_part(raw: RawChunk, chunk_id: str, part_bytes: int) -> bytes:
     """Decode one part of a chunk (bounded by ``part_bytes``, its length); IntegrityError for
     a bad frame or a wrong length. The whole chunk is verified once its parts are joined."""
+    return _decode_bounded(raw, chunk_id, part_bytes)
+
+
+def _decode_bounded(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
+    """``raw`` decoded: at most ``length_bytes`` are ever allocated, and exactly that many
+    must come out; IntegrityError otherwise."""
     if raw.codec == "zstd":
         try:
-            data = _decompress_bounded(raw.payload, part_bytes)
+            data = _decompress_bounded(raw.payload, length_bytes)
         except zstandard.ZstdError as exc:
-            raise IntegrityError(f"chunk {chunk_id[:16]}: bad zstd frame in a part: {exc}") from exc
+            raise IntegrityError(f"chunk {chunk_id[:16]}: bad zstd frame: {exc}") from exc
     else:
         data = raw.payload
-    if len(data) != part_bytes:
+    if len(data) != length_bytes:
         raise IntegrityError(
-            f"chunk {chunk_id[:16]}: a part of {len(data)} bytes, not {part_bytes}"
+            f"chunk {chunk_id[:16]}: {len(data)} bytes where {length_bytes} were expected"
         )
     return bytes(data)
 
@@ -200,20 +206,10 @@ def decode_chunk(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
     allocate more). Raises IntegrityError for a bad frame, a wrong length or a
     hash mismatch.
     """
-    if raw.codec == "zstd":
-        try:
-            data = _decompress_bounded(raw.payload, length_bytes)
-        except zstandard.ZstdError as exc:
-            raise IntegrityError(f"chunk {chunk_id[:16]}: bad zstd frame: {exc}") from exc
-    else:
-        data = raw.payload
-    if len(data) != length_bytes:
-        raise IntegrityError(
-            f"chunk {chunk_id[:16]}: {len(data)} bytes, the manifest says {length_bytes}"
-        )
+    data = _decode_bounded(raw, chunk_id, length_bytes)
     if blake3.blake3(data).hexdigest() != chunk_id:
         raise IntegrityError(f"chunk {chunk_id[:16]}: BLAKE3 mismatch")
-    return bytes(data)
+    return data
 
 
 class MemoryChunkSource:
