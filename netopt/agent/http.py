@@ -47,7 +47,7 @@ async def metrics(request: web.Request) -> web.Response:
         for outcome, count in agent.probe_server.reflector.counters.to_dict().items():
             agent.metrics.reflected.set(count, outcome)
     served = request.app[STATS]
-    agent.metrics.served_chunks.set(served.chunk_requests.total())
+    agent.metrics.served_chunks.set(served.chunk_requests_total)
     agent.metrics.served_bytes.set(served.payload_bytes_sent)
     # off the loop: the train directory's files are read at collection
     body = await asyncio.to_thread(generate_latest, agent.metrics.registry)

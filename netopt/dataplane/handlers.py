@@ -100,12 +100,25 @@ class ServeSettings:
     worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
-class ServeStats:
-    """Counters for operators and tests: chunk requests per chunk and bytes sent."""
+_TRACKED_CHUNKS_MAX = 100_000
+"""Distinct chunk ids counted one by one; beyond, only the total grows (bounded memory on a
+long-running server whose origin keeps changing)."""
 
-    def __init__(self) -> None:
+
+class ServeStats:
+    """Counters for operators and tests: chunk requests (in total, and per chunk for the first
+    ``tracked_chunks_max`` distinct chunks) and payload bytes sent."""
+
+    def __init__(self, tracked_chunks_max: int = _TRACKED_CHUNKS_MAX) -> None:
         self.chunk_requests: Counter[str] = Counter()
+        self.chunk_requests_total = 0
         self.payload_bytes_sent = 0
+        self._tracked_chunks_max = tracked_chunks_max
+
+    def count_chunk(self, chunk_id: str) -> None:
+        self.chunk_requests_total += 1
+        if chunk_id in self.chunk_requests or len(self.chunk_requests) < self._tracked_chunks_max:
+            self.chunk_requests[chunk_id] += 1
 
 
 DATASETS = web.AppKey("datasets", Mapping[str, DatasetView])
@@ -351,7 +364,7 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     try:
         refill()
         for chunk_id in ids:
-            stats.chunk_requests[chunk_id] += 1
+            stats.count_chunk(chunk_id)
             payload, codec = await upcoming.popleft()
             refill()
             await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
@@ -459,7 +472,7 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
             frames: list[bytes] = []
             while upcoming and (not frames or upcoming[0][1].done()):
                 chunk_id, future = upcoming.popleft()
-                stats.chunk_requests[chunk_id] += 1
+                stats.count_chunk(chunk_id)
                 payload, codec = await future
                 frames += (frame_header(chunk_id, codec, len(payload)), payload)
                 stats.payload_bytes_sent += len(payload)
@@ -517,7 +530,7 @@ async def dataset_chunk(request: web.Request) -> web.Response:
     part = _part(request)
     chunk_id = _chunk_name(ds, request.match_info["chunk_id"])
     stats = request.app[STATS]
-    stats.chunk_requests[chunk_id] += 1
+    stats.count_chunk(chunk_id)
     loop = asyncio.get_running_loop()
 
     def read(ds: DatasetView, chunk_id: str) -> tuple[bytes, Codec]:
