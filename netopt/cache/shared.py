@@ -16,6 +16,12 @@ yields the chunks in the order asked. A peer that fails is excluded for the rest
 of the sync and its chunks are routed again (another peer, or SOURCE), so a peer
 killed mid-sync costs a retry, not the sync. A sync killed mid-way stops
 renewing its session; the coordinator frees its leases after the session TTL.
+
+Sharing is an optimisation, never a reason to fail: when the coordinator stops
+answering mid-sync (every address unreachable, a 5xx, a refusal or a malformed
+route), the batch's chunks come from SOURCE and the sync goes on without the
+catalogue for `OFFLINE_RETRY_S` before it asks again (`SharingStats.coordinator_failures`,
+``chunks_unshared``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from netopt.dataplane.httpsource import (
     HttpChunkSource,
     checked_dataset_url,
 )
-from netopt.errors import NetoptError, ValidationError
+from netopt.errors import NetoptError, ProtocolError, ValidationError
+from netopt.names import is_node_name
 from netopt.transfer.manifest import Manifest
 from netopt.wire.client import CoordinatorClient
 
@@ -56,6 +63,10 @@ STEAL_AFTER_S = 30.0
 """A chunk in flight for another node this long is fetched from SOURCE (the lessee is stuck)."""
 FLUSH_INTERVAL_S = 0.5
 """How often stored chunks are reported (and the session renewed) between routing calls."""
+OFFLINE_RETRY_S = 10.0
+"""After the coordinator failed a routing call, how long batches go to SOURCE unasked."""
+MAX_ROUTE_PEERS = 1024
+"""Peers one route answer may name."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,10 @@ class SharingStats:
     route_calls: int = 0
     peers_excluded: list[str] = field(default_factory=list)
     start_fraction: float = 0.0
+    coordinator_failures: int = 0
+    """Routing calls the coordinator failed (the batch went to SOURCE)."""
+    chunks_unshared: int = 0
+    """Chunks sent to SOURCE without asking the catalogue (it was failing)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The stats as JSON-able data."""
@@ -97,6 +112,49 @@ class _Route:
     retry_after_s: float
 
 
+def _indexes(value: object, chunk_count: int, what: str) -> list[int]:
+    if not isinstance(value, list) or len(value) > MAX_INDEXES:
+        raise ProtocolError(f"route answer: {what} is not a list of at most {MAX_INDEXES}")
+    for i in value:
+        if type(i) is not int or not 0 <= i < chunk_count:
+            raise ProtocolError(f"route answer: {what} holds {i!r}, not a chunk index")
+    return value
+
+
+def read_route(answer: object, ids: Sequence[str]) -> _Route:
+    """A coordinator's route answer, checked: node names, endpoint strings, chunk indexes
+    within the manifest, a bounded retry delay. Raises ProtocolError naming the field."""
+    if not isinstance(answer, dict):
+        raise ProtocolError("route answer is not an object")
+    peers_raw = answer.get("peers", {})
+    endpoints_raw = answer.get("endpoints", {})
+    if not isinstance(peers_raw, dict) or len(peers_raw) > MAX_ROUTE_PEERS:
+        raise ProtocolError(f"route answer: peers is not an object of <= {MAX_ROUTE_PEERS}")
+    if not isinstance(endpoints_raw, dict) or len(endpoints_raw) > MAX_ROUTE_PEERS:
+        raise ProtocolError(f"route answer: endpoints is not an object of <= {MAX_ROUTE_PEERS}")
+    count = len(ids)
+    peers: dict[str, list[str]] = {}
+    for node, indexes in peers_raw.items():
+        if not is_node_name(node):
+            raise ProtocolError(f"route answer: peers names {node!r}, not a node name")
+        peers[node] = [ids[i] for i in _indexes(indexes, count, f"peers[{node}]")]
+    endpoints: dict[str, str] = {}
+    for node, endpoint in endpoints_raw.items():
+        if not is_node_name(node) or not isinstance(endpoint, str) or len(endpoint) > 300:
+            raise ProtocolError(f"route answer: endpoints[{node!r}] is not a host:port")
+        endpoints[node] = endpoint
+    retry_after_s = answer.get("retry_after_s", 0.25)
+    if type(retry_after_s) not in (int, float) or not 0.0 <= retry_after_s <= 60.0:
+        raise ProtocolError(f"route answer: retry_after_s {retry_after_s!r} is not 0-60")
+    return _Route(
+        peers=peers,
+        endpoints=endpoints,
+        origin=[ids[i] for i in _indexes(answer.get("origin", []), count, "origin")],
+        wait=[ids[i] for i in _indexes(answer.get("wait", []), count, "wait")],
+        retry_after_s=float(retry_after_s),
+    )
+
+
 class RegionSharing:
     """One sync's session with the coordinator's chunk catalogue."""
 
@@ -109,6 +167,7 @@ class RegionSharing:
         self.stats = SharingStats()
         self.excluded: set[str] = set()
         self._stored: list[int] = []
+        self._offline_until_s = float("-inf")
         self._path = f"/api/v1/datasets/{manifest.name}/versions/{manifest.manifest_id}/route"
 
     def stored(self, chunk_id: str) -> None:
@@ -122,6 +181,23 @@ class RegionSharing:
         if node not in self.excluded:
             self.excluded.add(node)
             self.stats.peers_excluded.append(node)
+
+    def online(self) -> bool:
+        """Whether to ask the catalogue now (False for a while after it failed a call)."""
+        return time.monotonic() >= self._offline_until_s
+
+    def failed(self, exc: NetoptError) -> None:
+        """The coordinator failed a routing call: go on without it for OFFLINE_RETRY_S."""
+        self.stats.coordinator_failures += 1
+        first = self.online()  # concurrent batches' calls fail together: say it once
+        self._offline_until_s = time.monotonic() + OFFLINE_RETRY_S
+        if first:
+            log.warning(
+                "region sharing: the coordinator failed (%s); fetching from SOURCE, asking again "
+                "in %.0f s",
+                exc,
+                OFFLINE_RETRY_S,
+            )
 
     async def _call(
         self, want: Sequence[str], done: bool = False, steal: Sequence[str] = ()
@@ -147,42 +223,52 @@ class RegionSharing:
     async def join(self) -> float:
         """Open the session; where in the chunk order to start (0..1)."""
         answer = await self._call(())
-        self.stats.start_fraction = float(answer.get("start_fraction", 0.0))
+        start = answer.get("start_fraction", 0.0) if isinstance(answer, dict) else None
+        if type(start) not in (int, float) or not 0.0 <= start <= 1.0:
+            raise ProtocolError(f"join answer: start_fraction {start!r} is not 0-1")
+        self.stats.start_fraction = float(start)
         return self.stats.start_fraction
 
     async def route(self, want: Sequence[str], steal: Sequence[str] = ()) -> _Route:
         """Sources for ``want`` (and report what was stored since the last call);
         ``steal``: chunks of ``want`` waited for too long, to fetch from SOURCE now."""
-        answer = await self._call(want, steal=steal)
-        ids = self.ids
+        return read_route(await self._call(want, steal=steal), self.ids)
 
-        def names(indexes: list[int]) -> list[str]:
-            return [ids[i] for i in indexes]
-
-        return _Route(
-            peers={node: names(idx) for node, idx in answer.get("peers", {}).items()},
-            endpoints=dict(answer.get("endpoints", {})),
-            origin=names(answer.get("origin", [])),
-            wait=names(answer.get("wait", [])),
-            retry_after_s=float(answer.get("retry_after_s", 0.25)),
-        )
+    async def route_or_source(self, want: Sequence[str], steal: Sequence[str] = ()) -> _Route:
+        """`route`, or all of ``want`` from SOURCE while the coordinator is failing."""
+        if self.online():
+            try:
+                return await self.route(want, steal)
+            except NetoptError as exc:
+                self.failed(exc)
+        self.stats.chunks_unshared += len(want)
+        return _Route(peers={}, endpoints={}, origin=list(want), wait=[], retry_after_s=0.0)
 
     async def flush(self) -> None:
-        """Report stored chunks now (also renews the session)."""
-        while self._stored:
-            await self._call(())
+        """Report stored chunks now (also renews the session); best effort: a failing
+        coordinator is logged (`failed`), never raised."""
+        while self._stored and self.online():
+            try:
+                await self._call(())
+            except NetoptError as exc:
+                self.failed(exc)
 
     async def flush_forever(self) -> None:
         """Report stored chunks every FLUSH_INTERVAL_S; errors are logged, not raised."""
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
+            if not self.online():
+                continue
             try:
                 await self._call(())
             except NetoptError as exc:
                 log.warning("cannot report stored chunks to the coordinator: %s", exc)
 
     async def close(self) -> None:
-        """Report what is left and end the session (frees leases at once)."""
+        """Report what is left and end the session (frees leases at once); skipped while
+        the coordinator is failing (its session TTL frees them)."""
+        if not self.online():
+            return
         with contextlib.suppress(NetoptError):
             await self._call((), done=True)
 
@@ -326,7 +412,7 @@ class _Batch:
             if unrouted and time.monotonic() - last_route_s >= retry_after_s:
                 now_s = time.monotonic()
                 steal = [c for c in unrouted if now_s - waiting.get(c, now_s) > STEAL_AFTER_S]
-                route = await sharing.route(unrouted, steal)
+                route = await sharing.route_or_source(unrouted, steal)
                 last_route_s = time.monotonic()
                 retry_after_s = route.retry_after_s
                 sharing.stats.waits += len(route.wait)

@@ -170,3 +170,67 @@ async def test_route_requests_are_validated(world: World) -> None:
     status, body = await world.api("POST", path, {"node": "hk-1", "chunk_count": 3, "bogus": 1})
     assert status == 400
     assert "bogus" in body["message"]
+
+
+class FailingCoordinator:
+    """A real coordinator stand-in that opens the session, then fails every routing call
+    the way MODE says: ``503``, ``garbage`` (a malformed route) or ``vanish`` (stops
+    listening: connection refused)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = 0
+        self.runner: web.AppRunner | None = None
+        self.site: web.TCPSite | None = None
+        self.stopping: asyncio.Future[None] | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        body = await request.json()
+        if not body["want"] and self.calls == 1:
+            return web.json_response({"start_fraction": 0.0})
+        if self.mode == "garbage":
+            return web.json_response({"peers": {"hk-2": [10**9]}, "endpoints": {"hk-2": 7}})
+        if self.mode == "vanish":  # stop listening, and cut the open connections
+            if self.site is not None:
+                self.stopping = asyncio.ensure_future(self.stop())
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()  # never sent
+        return web.json_response({"error": "Unavailable", "message": "gone"}, status=503)
+
+    async def stop(self) -> None:
+        if self.site is not None:
+            await self.site.stop()
+            self.site = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/api/v1/datasets/{name}/versions/{version}/route", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        self.site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await self.site.start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+
+@pytest.mark.parametrize("mode", ["503", "garbage", "vanish"])
+async def test_a_coordinator_failing_mid_sync_means_the_sync_goes_on_from_source(
+    world: World, mode: str
+) -> None:
+    chunks = len(world.manifest.unique_chunks())
+    coordinator = FailingCoordinator(mode)
+    url = await coordinator.start()
+    try:
+        report = await run_sync(world.request("hk-1", coordinator_url=url))
+    finally:
+        assert coordinator.runner is not None
+        await coordinator.runner.cleanup()
+    shared = sharing_of(report)
+    assert shared["enabled"] is True
+    assert coordinator.calls >= 2  # the session opened, then a routing call failed
+    assert shared["coordinator_failures"] >= 1
+    assert shared["chunks_from_source"] == chunks
+    assert shared["chunks_from_peers"] == 0
+    check_tree(world.tmp / "hk-1" / "data", world.files)
+    assert origin_requests(world) == [1] * chunks
