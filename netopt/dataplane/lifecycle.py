@@ -22,9 +22,10 @@ from pathlib import Path
 
 from netopt.config import TlsSettings
 from netopt.dataplane.frames import FrameStore, frames_dir_for
-from netopt.dataplane.handlers import ServeSettings
+from netopt.dataplane.handlers import ServeSettings, ServeStats
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import ServedDataset
+from netopt.dataplane.servemetrics import ServeMetrics, add_metrics_route
 from netopt.dataplane.server import create_app, start_server
 from netopt.errors import NetoptError
 from netopt.tlsconf import certificate_watch
@@ -75,7 +76,10 @@ async def run_serve(
     cpu = await asyncio.to_thread(load_cpu_profile, codec_cache)
     # Clients plan with the cores this server will actually compress on.
     cpu = dataclasses.replace(cpu, cores=settings.worker_threads)
-    app = create_app(settings, {name: live}, cpu)
+    stats = ServeStats()
+    metrics = ServeMetrics(stats, {name: live})
+    app = create_app(settings, {name: live}, cpu, stats, observer=metrics.http)
+    add_metrics_route(app, metrics)
     runner, bound = await start_server(app, host, port, ssl_context=ssl_context)
     shown = f"[{host}]" if ":" in host else host
     serving = (

@@ -62,7 +62,7 @@ from netopt.dataplane.served import DatasetView, ServedDataset, load_dataset
 from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ValidationError
 from netopt.transfer.planner import CpuProfile
-from netopt.webshell import ListenerLimits, service_shell, start_site
+from netopt.webshell import ListenerLimits, RequestObserver, service_shell, start_site
 
 __all__ = [
     "DATASETS",
@@ -123,13 +123,15 @@ def create_app(
     datasets: Mapping[str, DatasetView],
     cpu_profile: CpuProfile,
     stats: ServeStats | None = None,
+    observer: RequestObserver | None = None,
 ) -> web.Application:
-    """The data-plane application serving ``datasets`` (name -> dataset).
+    """The data-plane application serving ``datasets`` (name -> dataset); ``observer``
+    counts its requests (`netopt.dataplane.servemetrics`).
 
     ``datasets`` is kept as given, so a live mapping (an agent's cache) serves
     datasets that appear after the start.
     """
-    shell = service_shell("data plane", max_request_bytes=MAX_REQUEST_BYTES)
+    shell = service_shell("data plane", max_request_bytes=MAX_REQUEST_BYTES, observer=observer)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[shell, auth_middleware])
     add_dataplane(app, settings, datasets, cpu_profile, stats)
     return app
