@@ -18,10 +18,10 @@ killed mid-sync costs a retry, not the sync. A sync killed mid-way stops
 renewing its session; the coordinator frees its leases after the session TTL.
 
 Sharing is an optimisation, never a reason to fail: when the coordinator stops
-answering mid-sync (every address unreachable, a 5xx, a refusal or a malformed
-route), the batch's chunks come from SOURCE and the sync goes on without the
-catalogue for `OFFLINE_RETRY_S` before it asks again (`SharingStats.coordinator_failures`,
-``chunks_unshared``).
+answering mid-sync (every address unreachable or a 5xx for `FAILING_GRACE_S`, or at
+once for a refusal or a malformed route), the batch's chunks come from SOURCE and
+the sync goes on without the catalogue for `OFFLINE_RETRY_S` before it asks again
+(`SharingStats.coordinator_failures`, ``chunks_unshared``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from netopt.dataplane.httpsource import (
     HttpChunkSource,
     checked_dataset_url,
 )
-from netopt.errors import NetoptError, ProtocolError, ValidationError
+from netopt.errors import NetoptError, PeerUnreachableError, ProtocolError, ValidationError
 from netopt.names import is_node_name
 from netopt.transfer.manifest import Manifest
 from netopt.wire.client import CoordinatorClient
@@ -63,6 +64,9 @@ STEAL_AFTER_S = 30.0
 """A chunk in flight for another node this long is fetched from SOURCE (the lessee is stuck)."""
 FLUSH_INTERVAL_S = 0.5
 """How often stored chunks are reported (and the session renewed) between routing calls."""
+FAILING_GRACE_S = 5.0
+"""How long an unreachable coordinator is asked again before a batch goes to SOURCE
+(a replica's failover takes well under this; a dead coordinator costs at most this)."""
 OFFLINE_RETRY_S = 10.0
 """After the coordinator failed a routing call, how long batches go to SOURCE unasked."""
 MAX_ROUTE_PEERS = 1024
@@ -168,6 +172,8 @@ class RegionSharing:
         self.excluded: set[str] = set()
         self._stored: list[int] = []
         self._offline_until_s = float("-inf")
+        self._failing_since_s = float("inf")
+        """When routing calls began to fail unanswered (inf: the last one was answered)."""
         self._path = f"/api/v1/datasets/{manifest.name}/versions/{manifest.manifest_id}/route"
 
     def stored(self, chunk_id: str) -> None:
@@ -235,12 +241,29 @@ class RegionSharing:
         return read_route(await self._call(want, steal=steal), self.ids)
 
     async def route_or_source(self, want: Sequence[str], steal: Sequence[str] = ()) -> _Route:
-        """`route`, or all of ``want`` from SOURCE while the coordinator is failing."""
-        if self.online():
+        """`route`, or all of ``want`` from SOURCE while the coordinator is failing.
+
+        An unreachable coordinator (or a 5xx) is asked again with backoff for up to
+        `FAILING_GRACE_S`, so a replica's failover costs no border crossing; a refusal or
+        a malformed answer, which asking again does not mend, goes to SOURCE at once."""
+        delay_s = 0.25
+        while self.online():
             try:
-                return await self.route(want, steal)
+                answer = await self.route(want, steal)
+            except PeerUnreachableError as exc:
+                now_s = time.monotonic()
+                self._failing_since_s = min(self._failing_since_s, now_s)
+                if now_s - self._failing_since_s + delay_s > FAILING_GRACE_S:
+                    self.failed(exc)
+                    break
+                await asyncio.sleep(delay_s * (0.5 + random.random()))
+                delay_s = min(2.0 * delay_s, 2.0)
             except NetoptError as exc:
                 self.failed(exc)
+                break
+            else:
+                self._failing_since_s = float("inf")
+                return answer
         self.stats.chunks_unshared += len(want)
         return _Route(peers={}, endpoints={}, origin=list(want), wait=[], retry_after_s=0.0)
 

@@ -4,6 +4,7 @@ cache served to its peers by the data plane, synced with the real sync engine.""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,12 +184,20 @@ class FailingCoordinator:
         self.runner: web.AppRunner | None = None
         self.site: web.TCPSite | None = None
         self.stopping: asyncio.Future[None] | None = None
+        self.joined_s = 0.0
+        self.failed = 0
 
     async def handle(self, request: web.Request) -> web.Response:
         self.calls += 1
         body = await request.json()
         if not body["want"] and self.calls == 1:
+            self.joined_s = time.monotonic()
             return web.json_response({"start_fraction": 0.0})
+        if self.mode == "blip":  # a failover: 503 for 0.8 s, then every chunk from SOURCE
+            if time.monotonic() - self.joined_s < 0.8:
+                self.failed += 1
+                return web.json_response({"error": "Unavailable", "message": "x"}, status=503)
+            return web.json_response({"origin": body["want"]})
         if self.mode == "garbage":
             return web.json_response({"peers": {"hk-2": [10**9]}, "endpoints": {"hk-2": 7}})
         if self.mode == "vanish":  # stop listening, and cut the open connections
@@ -234,3 +243,22 @@ async def test_a_coordinator_failing_mid_sync_means_the_sync_goes_on_from_source
     assert shared["chunks_from_peers"] == 0
     check_tree(world.tmp / "hk-1" / "data", world.files)
     assert origin_requests(world) == [1] * chunks
+
+
+async def test_a_coordinator_failover_blip_is_ridden_out_without_going_to_source(
+    world: World,
+) -> None:
+    chunks = len(world.manifest.unique_chunks())
+    coordinator = FailingCoordinator("blip")
+    url = await coordinator.start()
+    try:
+        report = await run_sync(world.request("hk-1", coordinator_url=url))
+    finally:
+        assert coordinator.runner is not None
+        await coordinator.runner.cleanup()
+    shared = sharing_of(report)
+    assert coordinator.failed >= 1  # routing calls were refused, then asked again
+    assert shared["coordinator_failures"] == 0
+    assert shared["chunks_unshared"] == 0  # every chunk was routed by the catalogue
+    assert shared["chunks_from_source"] == chunks
+    check_tree(world.tmp / "hk-1" / "data", world.files)
