@@ -31,8 +31,12 @@ __all__ = ["demo"]
     is_flag=True,
     help="Run on loopback even with root (links emulated by user-space proxies).",
 )
+@click.option(
+    "--train-steps", type=click.IntRange(0, 100), default=6, show_default=True,
+    help="DDP steps of the training section, each run (0: skip it).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int:
+def demo(report_dir: str, dataset_mb: int, loopback: bool, train_steps: int, as_json: bool) -> int:
     """Measure, tune NCCL and sync a dataset on an emulated two-region cluster.
 
     With root: a lab of hk-1, hk-2, hk-3 (Hong Kong) and us-1 (US) joined by a
@@ -66,10 +70,16 @@ def demo(report_dir: str, dataset_mb: int, loopback: bool, as_json: bool) -> int
         loopback=True if loopback else None,
     )
     report = run_demo(options, say)
+    shown = vars(report)
+    if train_steps:
+        from netopt.cli.demo_train import demo_train
+
+        shown["train"] = demo_train(Path(report_dir), report.mode == "lab", train_steps, say)
+        (Path(report_dir) / "report.json").write_text(json.dumps(shown, indent=2))
     if as_json:
-        print_json(vars(report))
+        print_json(shown)
         return 0
-    _print_report(vars(report), Path(report_dir))
+    _print_report(shown, Path(report_dir))
     return 0
 
 
@@ -131,6 +141,7 @@ def _print_report(report: dict[str, Any], report_dir: Path) -> None:
             f"downloads {border['naive_per_node_bytes'] / 1e6:.1f} MB "
             f"(dataset {border['dataset_bytes'] / 1e6:.1f} MB; {border['counted']})"
         )
+    _print_train(report.get("train"))
     for plot in report.get("plots", []):
         console.print(f"plot: {plot}")
     for note in report["notes"]:
@@ -138,3 +149,26 @@ def _print_report(report: dict[str, Any], report_dir: Path) -> None:
     console.print(
         f"report: {report_dir / 'report.json'} ({report['seconds']:.0f} s, {report['mode']})"
     )
+
+
+def _print_train(train: dict[str, Any] | None) -> None:
+    if not train:
+        return
+    if "skipped" in train:
+        console.print(f"training section skipped: {train['skipped']}", markup=False)
+        return
+    print_table(
+        f"training ({train['steps']} DDP steps, {train['params'] / 1e6:.1f} M parameters, "
+        f"{train['where']})",
+        ["run", "hook", "time to N s", "step s", "exposed comm", "data wait s", "final loss"],
+        [
+            [name, run["hook"], run["time_to_n_s"], run["step_s"],
+             f"{100 * run['exposed_comm_share']:.0f}%", run["data_wait_s"], run["final_loss"]]
+            for name in ("defaults", "netopt")
+            for run in (train[name],)
+        ],
+    )  # fmt: skip
+    if train["ratio"] is not None:
+        ratio = train["ratio"]
+        console.print(f"netopt's time to {train['steps']} steps: {ratio:.2f}x the defaults'")
+    console.print(f"plot: {train['plot']}")

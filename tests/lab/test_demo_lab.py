@@ -17,8 +17,8 @@ def test_demo_measures_tunes_and_crosses_the_border_once(tmp_path: Path) -> None
     report_dir = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "netopt", "demo", "--report-dir", str(report_dir),
-         "--dataset-mb", "8", "--json"],
-        capture_output=True, text=True, timeout=400, check=False,
+         "--dataset-mb", "8", "--train-steps", "2", "--json"],
+        capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -54,3 +54,18 @@ def test_demo_measures_tunes_and_crosses_the_border_once(tmp_path: Path) -> None
         data = Path(plot).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
         assert len(data) > 10_000
+
+    # The training section: both DDP runs on a lab of the demo's shape; the advised
+    # hierarchical hook sends less across the border per step than the flat ring.
+    train = report["train"]
+    assert train["where"] == "lab"
+    assert train["netopt"]["hook"].startswith("hierarchical")
+    for direction in ("hk->us", "us->hk"):
+        assert (
+            train["netopt"]["border_bytes_per_step"][direction]
+            < 0.5 * train["defaults"]["border_bytes_per_step"][direction]
+        )
+    for run in (train["defaults"], train["netopt"]):
+        assert run["step_s"] > 0
+        assert 0 < run["final_loss"] < 10
+    assert Path(train["plot"]).read_text().startswith("<svg")

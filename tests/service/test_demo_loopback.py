@@ -15,7 +15,7 @@ def test_loopback_demo_emulates_the_border_and_shares(tmp_path: Path) -> None:
     report_dir = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "netopt", "demo", "--loopback", "--report-dir", str(report_dir),
-         "--dataset-mb", "4", "--json"],
+         "--dataset-mb", "4", "--train-steps", "2", "--json"],
         capture_output=True, text=True, timeout=400, check=False,
         # A node already set up for a real cluster: the demo must use only its own settings.
         env={**os.environ, "NETOPT_TOKEN": "production-token-0123456789",
@@ -44,3 +44,12 @@ def test_loopback_demo_emulates_the_border_and_shares(tmp_path: Path) -> None:
         pixels = matplotlib.image.imread(plot)
         assert pixels.std() > 0.05  # not a blank image
     assert (report_dir / "nccl.env").is_file() or report["notes"]
+    # The training section: two loopback ranks (no border), both runs metered.
+    train = report["train"]
+    assert train["where"] == "loopback"
+    assert train["steps"] == 2
+    for name in ("defaults", "netopt"):
+        assert train[name]["step_s"] > 0
+        assert 0 <= train[name]["exposed_comm_share"] <= 1
+    assert json.loads((report_dir / "train" / "report.json").read_text())["steps"] == 2
+    assert Path(train["plot"]).read_text().startswith("<svg")
