@@ -28,6 +28,7 @@ __all__ = [
     "HttpChunkStream",
     "StreamingSource",
     "end_frame",
+    "fail_reads_on_close",
     "map_errors",
     "parse_end_frame",
     "read_frame",
@@ -152,6 +153,7 @@ class HttpChunkStream:
                 trace.mark("first_request")
                 self._ctx = self._session.post(self._url, params=self._params, data=self._body())
                 self._resp = await self._ctx.__aenter__()
+                fail_reads_on_close(self._resp)
                 await self._check_status(self._resp, self._where)
             raw = await read_frame(
                 self._resp, self._read_exactly, chunk_id, length_bytes, self._where
@@ -184,10 +186,45 @@ class HttpChunkStream:
         finally:
             if self._broken:
                 resp.close()
-            await ctx.__aexit__(None, None, None)
+            try:
+                # Waits for aiohttp's task writing the names: it fails when the connection
+                # was cut under the body's end (see `fail_reads_on_close`), a break the
+                # reads have seen already or that came after the response's end.
+                await ctx.__aexit__(None, None, None)
+            except (aiohttp.ClientError, OSError):
+                resp.close()
 
 
 _DRAIN_MAX_BYTES = 64 * 1024
+
+
+def fail_reads_on_close(resp: aiohttp.ClientResponse) -> None:
+    """Make a close of ``resp``'s connection fail ``resp``'s reads, the one waiting and
+    every later one, unless the whole body had already arrived.
+
+    aiohttp writes a request body in a task of its own. A stream's body ends while its
+    response is still read (`HttpChunkStream.end`); when the peer's FIN was read in the
+    same loop turn, that task's last write (the chunked end) finds the transport
+    closing and raises, and aiohttp's task closes the connection itself
+    (``Connection.close``): the protocol forgets the response's payload and drops its
+    stall timer before the connection-lost callback, which would have failed that
+    payload, runs. The payload then gets neither data nor an error, and a read of it
+    waits forever. A connection's release callbacks run on that close (and on every
+    other close or release), so this one fails the payload first.
+    """
+    conn = resp.connection
+    content = resp.content
+
+    def closed() -> None:
+        if not content.is_eof() and content.exception() is None:
+            content.set_exception(
+                aiohttp.ClientConnectionError("the connection closed under the response")
+            )
+
+    if conn is None or conn.protocol is None:
+        closed()  # already let go of before this response was handed over
+        return
+    conn.add_callback(closed)
 
 
 async def _drain(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
