@@ -186,6 +186,7 @@ async def _fetch_and_write(
         for assembler in assemblers:
             for cid in assembler.needs():
                 users.setdefault(cid, []).append(assembler)
+        run.writers = users
         try:
             async with asyncio.TaskGroup() as tg:
 
