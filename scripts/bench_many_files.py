@@ -10,7 +10,9 @@ Cases (built once under --work-dir, reused by later runs):
   files), 50 per directory;
 - ``packages``: about 5,000 installed-package files (about 100 MB) copied from the
   venv's site-packages, torch (and the nvidia / triton wheels) left out;
-- ``big``: one 100 MB file (pseudo-random bytes, incompressible).
+- ``big``: one 100 MB file (pseudo-random bytes, incompressible);
+- ``joined``: one file holding the ``small`` tree's files concatenated (the same bytes as
+  one big file: the yardstick of issue 14's "a tree moves as fast as one big file").
 
 Each run starts ``netopt serve`` (``--no-auth``, 64 KiB chunks) of the case, then times
 ``netopt sync URL DEST --cache-dir CACHE --json`` into an empty DEST and an empty cache,
@@ -99,8 +101,15 @@ def build_big(root: Path, size_bytes: int) -> None:
             f.write(rng.randbytes(1 << 20))
 
 
+def build_joined(root: Path, small: Path) -> None:
+    with (root / "joined.bin").open("wb") as out:
+        for path in sorted(p for p in small.rglob("*") if p.is_file()):
+            out.write(path.read_bytes())
+
+
 def build(case: str, work: Path, args: argparse.Namespace) -> Path:
-    src = work / f"src-{case}-{args.small_files}" if case == "small" else work / f"src-{case}"
+    sized = case in ("small", "joined")
+    src = work / f"src-{case}-{args.small_files}" if sized else work / f"src-{case}"
     marker = work / f"{src.name}.complete"
     if marker.exists():
         return src
@@ -108,6 +117,8 @@ def build(case: str, work: Path, args: argparse.Namespace) -> Path:
     src.mkdir(parents=True)
     if case == "small":
         build_small(src, args.small_files)
+    elif case == "joined":
+        build_joined(src, build("small", work, args))
     elif case == "packages":
         build_packages(src, 5000, 100 * 1024 * 1024)
     else:
@@ -181,7 +192,7 @@ def run_case(case: str, src: Path, work: Path, repo: Path, timeout_s: float) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="small,packages,big")
+    parser.add_argument("--cases", default="small,packages,big", help="small,packages,big,joined")
     parser.add_argument("--small-files", type=int, default=100_000)
     parser.add_argument("--repo", type=Path, default=REPO, help="the netopt checkout to run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/netopt-bench-many"))

@@ -49,7 +49,6 @@ from netopt.names import is_dataset_name, is_hash_id, validate_dataset_name, val
 from netopt.transfer.manifest import (
     Manifest,
     manifest_from_dict,
-    manifest_to_dict,
     validate_chunk_id,
 )
 
@@ -444,7 +443,7 @@ class Cache:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StorageError(f"cannot create {path.parent}: {exc}") from exc
-            atomic_write_bytes(path, json.dumps(manifest_to_dict(manifest)).encode())
+            atomic_write_bytes(path, manifest.canonical_json)
         with self._lock:
             self.datasets[manifest.name] = mid
         return mid

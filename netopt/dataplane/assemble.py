@@ -34,7 +34,14 @@ from netopt.durable import BatchFlusher
 from netopt.errors import IntegrityError, PathTraversalError, StorageError
 from netopt.transfer.manifest import FileEntry, Manifest
 
-__all__ = ["MAX_OPEN_FILES", "FileAssembler", "OpenFiles", "scan_destination"]
+__all__ = [
+    "MAX_OPEN_FILES",
+    "ClaimedWrite",
+    "FileAssembler",
+    "OpenFiles",
+    "scan_destination",
+    "write_claimed",
+]
 
 MAX_OPEN_FILES = 64
 """Temporary files one sync keeps open at once (sockets, cache and chunk files need the rest
@@ -141,6 +148,24 @@ def _write_whole(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+ClaimedWrite = tuple[Path, Path, FileEntry, BatchFlusher]
+"""A whole file to write from one chunk's bytes: (temporary name, target, entry, flusher)."""
+
+
+def write_claimed(data: bytes, claims: list[ClaimedWrite]) -> list[OSError | None]:
+    """On a pool thread: write each claimed one-chunk file from ``data`` (`_write_whole`);
+    per file, None once handed over, else the OSError (its temporary file is gone)."""
+    errors: list[OSError | None] = []
+    for tmp, target, entry, flusher in claims:
+        try:
+            _write_whole(tmp, [data], target, entry, flusher)
+        except OSError as exc:
+            errors.append(exc)
+        else:
+            errors.append(None)
+    return errors
 
 
 def _discard(f: IO[bytes] | None, tmp: Path | None) -> None:
@@ -251,6 +276,39 @@ class FileAssembler:
             self._file.close()
             self._file = None
 
+    def claim(self, chunk_id: str) -> ClaimedWrite | None:
+        """Take this file to be written whole from ``chunk_id``'s bytes, on the pool thread
+        that verifies the chunk (`write_claimed`): one hand-off per small file instead of
+        one to verify and one to write. None unless the file is that one chunk, small
+        (`WHOLE_FILE_BYTES`) and not started; else the write, and `claimed` must follow."""
+        chunks = self.entry.chunks
+        if (
+            len(chunks) != 1
+            or chunks[0].chunk_id != chunk_id
+            or self._running
+            or self.done
+            or self._tmp is not None
+            or self.entry.size_bytes > WHOLE_FILE_BYTES
+        ):
+            return None
+        self._running = True
+        self._tmp = _tmp_name(self.target)
+        return self._tmp, self.target, self.entry, self._flusher
+
+    def claimed(self, written: bool, error: OSError | None = None) -> None:
+        """The claimed write's outcome: done (``written``), not run (the chunk failed its
+        check: the file waits for a good copy) or failed (StorageError)."""
+        self._running = False
+        if not written:
+            self._tmp = None
+            if error is not None:
+                raise StorageError(f"cannot write {self.target}: {error}") from error
+            return
+        self._next = len(self.entry.chunks)
+        self.done = True
+        trace.mark_last("files_written")
+        self._on_done(self.entry)
+
     def abandon(self) -> None:
         """Drop the partial temporary file of an unfinished file (the sync stopped)."""
         if not self.done:
@@ -359,23 +417,24 @@ def _up_to_date(target: Path, entry: FileEntry) -> bool:
     )
 
 
-def _safe_target(dest_real: Path, entry: FileEntry, parents: dict[Path, Path]) -> Path:
-    """``dest/entry.path``, refusing a path that a symlink under dest would lead outside.
-
-    ``parents`` remembers each directory already created and resolved (a tree of many
-    files has few directories)."""
-    target = dest_real / entry.path
-    parent_real = parents.get(target.parent)
-    if parent_real is None:
+def _safe_parent(dest_real: Path, rel_dir: str) -> tuple[Path, bool]:
+    """``dest/rel_dir`` created and resolved, refusing one that a symlink under dest would
+    lead outside; and whether it was created just now (then it holds nothing yet)."""
+    parent = dest_real / rel_dir if rel_dir else dest_real
+    fresh = False
+    try:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot create {target.parent}: {exc}") from exc
-        parent_real = target.parent.resolve()
-        if parent_real != dest_real and dest_real not in parent_real.parents:
-            raise PathTraversalError(f"{entry.path} leads outside {dest_real} through a symlink")
-        parents[target.parent] = parent_real
-    return parent_real / target.name
+            parent.mkdir(parents=True)
+            fresh = True
+        except FileExistsError:
+            if not parent.is_dir():
+                raise
+    except OSError as exc:
+        raise StorageError(f"cannot create {parent}: {exc}") from exc
+    parent_real = parent.resolve()
+    if parent_real != dest_real and dest_real not in parent_real.parents:
+        raise PathTraversalError(f"{rel_dir} leads outside {dest_real} through a symlink")
+    return parent_real, fresh
 
 
 def scan_destination(
@@ -389,10 +448,16 @@ def scan_destination(
     dest_real = dest.resolve()
     pending: list[tuple[FileEntry, Path]] = []
     skipped = 0
-    parents: dict[Path, Path] = {}
+    # Each directory is created and resolved once (a tree of many files has few); the
+    # files of a directory created just now need no stat: none of them is there yet.
+    parents: dict[str, tuple[Path, bool]] = {}
     for entry in manifest.files:
-        target = _safe_target(dest_real, entry, parents)
-        if _up_to_date(target, entry):
+        rel_dir, _, name = entry.path.rpartition("/")
+        parent = parents.get(rel_dir)
+        if parent is None:
+            parent = parents[rel_dir] = _safe_parent(dest_real, rel_dir)
+        target = parent[0] / name
+        if not parent[1] and _up_to_date(target, entry):
             skipped += 1
         else:
             pending.append((entry, target))

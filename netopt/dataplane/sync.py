@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -55,6 +56,22 @@ __all__ = [
 
 Worker = Callable[[Callable[[str], None]], Coroutine[Any, Any, None]]
 """A fetch loop of one stream: takes the stored-chunk callback, runs until the queue is empty."""
+
+
+@contextlib.contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Keep the objects alive now out of Python's full garbage collections meanwhile.
+
+    A full collection walks every tracked object; a tree's manifest, targets and file
+    writers are millions of them, alive for the whole sync, and the chunks' tasks and
+    buffers trigger collections all along: 10% of a 20,000-file sync's CPU went to them.
+    `gc.freeze` leaves them out (objects made later are collected as before);
+    `gc.unfreeze` at the end."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -186,38 +203,49 @@ async def _fetch_and_write(
         for assembler in assemblers:
             for cid in assembler.needs():
                 users.setdefault(cid, []).append(assembler)
+        run.writers = users
         try:
-            async with asyncio.TaskGroup() as tg:
-
-                def poke(assembler: FileAssembler) -> None:
-                    coro = assembler.poke()
-                    if coro is None:
-                        return
-                    try:
-                        tg.create_task(coro)
-                    except RuntimeError:
-                        # The group is shutting down (a worker failed or the sync was
-                        # cancelled): the file is abandoned below, never written.
-                        coro.close()
-
-                def on_stored(chunk_id: str) -> None:
-                    available.add(chunk_id)
-                    for assembler in users.get(chunk_id, ()):
-                        poke(assembler)
-
-                for assembler in assemblers:
-                    poke(assembler)
-                work: Worker = (
-                    run.worker if run.open_stream is None else partial(stream_worker, run)
-                )
-                parts = parts_per_chunk(run, opts.streams, len(missing))
-                if parts > 1:
-                    work = partial(part_worker, run, parts)
-                for _ in range(max(1, min(opts.streams, len(missing)))):
-                    tg.create_task(work(on_stored))
+            with gc_frozen():
+                await _run_workers(run, opts, missing, assemblers, available)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         finally:
             for assembler in assemblers:
                 assembler.abandon()
     return run, len(reused), len(refetched)
+
+
+async def _run_workers(
+    run: SyncRun,
+    opts: SyncOptions,
+    missing: dict[str, None],
+    assemblers: list[FileAssembler],
+    available: set[str],
+) -> None:
+    """The fetch workers and the file writers, until every file is handed over."""
+    async with asyncio.TaskGroup() as tg:
+
+        def poke(assembler: FileAssembler) -> None:
+            coro = assembler.poke()
+            if coro is None:
+                return
+            try:
+                tg.create_task(coro)
+            except RuntimeError:
+                # The group is shutting down (a worker failed or the sync was
+                # cancelled): the caller abandons the file, never written.
+                coro.close()
+
+        def on_stored(chunk_id: str) -> None:
+            available.add(chunk_id)
+            for assembler in run.writers.get(chunk_id, ()):
+                poke(assembler)
+
+        for assembler in assemblers:
+            poke(assembler)
+        work: Worker = run.worker if run.open_stream is None else partial(stream_worker, run)
+        parts = parts_per_chunk(run, opts.streams, len(missing))
+        if parts > 1:
+            work = partial(part_worker, run, parts)
+        for _ in range(max(1, min(opts.streams, len(missing)))):
+            tg.create_task(work(on_stored))

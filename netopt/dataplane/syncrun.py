@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from netopt.dataplane import trace
+from netopt.dataplane.assemble import ClaimedWrite, FileAssembler, write_claimed
 from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
 from netopt.dataplane.held import HeldSink, blocking_put
@@ -34,6 +35,7 @@ from netopt.errors import (
     NetworkError,
     PeerUnreachableError,
     ProtocolError,
+    StorageError,
 )
 from netopt.transfer.manifest import FileEntry, Manifest
 
@@ -99,6 +101,22 @@ def _verify_and_store(
     return data
 
 
+def _verify_store_write(
+    raw: RawChunk,
+    chunk_id: str,
+    length_bytes: int,
+    put: Callable[[bytes], None] | None,
+    claims: list[ClaimedWrite],
+) -> tuple[bytes, list[OSError | None]]:
+    """`_verify_and_store` (``put`` None: verify only), then write the claimed one-chunk
+    files from the verified bytes (`netopt.dataplane.assemble.write_claimed`); nothing
+    is written from a chunk that fails its check."""
+    data = decode_chunk(raw, chunk_id, length_bytes)
+    if put is not None:
+        put(data)
+    return data, write_claimed(data, claims)
+
+
 class SyncRun:
     """One sync in progress: counters, the work queue and the file bookkeeping."""
 
@@ -146,6 +164,9 @@ class SyncRun:
         self.duplicate_wire_bytes = 0
         opener = getattr(source, "open_stream", None)
         self.open_stream: Callable[[], ChunkStream] | None = opener if callable(opener) else None
+        self.writers: dict[str, list[FileAssembler]] = {}
+        """Chunk name -> the files made of it (set by the sync): a small file of one chunk is
+        written on the thread that verifies the chunk (`FileAssembler.claim`)."""
 
     async def in_thread(self, func: Callable[..., Any], *args: Any, weight_bytes: int = 0) -> Any:
         """Run ``func(*args)`` in the sync's thread pool (sized to the cores), batched with
@@ -233,29 +254,60 @@ class SyncRun:
         return min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
 
     async def process(self, chunk_id: str, raw: RawChunk, on_stored: Callable[[str], None]) -> None:
-        """Verify one received chunk and store it; a bad one goes back in the queue."""
+        """Verify one received chunk and store it; a bad one goes back in the queue.
+
+        The small files made of this one chunk alone are written by the same pool call,
+        from the verified bytes (`FileAssembler.claim`)."""
         length = self.lengths[chunk_id]
         put = self._blocking_put
+        claimed: list[FileAssembler] = []
+        writes: list[ClaimedWrite] = []
+        for assembler in self.writers.get(chunk_id, ()):
+            write = assembler.claim(chunk_id)
+            if write is not None:
+                claimed.append(assembler)
+                writes.append(write)
+        errors: list[OSError | None] = []
         try:
             with trace.timed("decode_await"):
-                if put is None:
+                if claimed:
+                    data, errors = await self.in_thread(
+                        _verify_store_write, raw, chunk_id, length,
+                        None if put is None else put(chunk_id), writes,
+                        weight_bytes=(1 + len(writes)) * length,
+                    )  # fmt: skip
+                elif put is None:
                     data = await self.in_thread(decode_chunk, raw, chunk_id, length)
                 else:  # one hand-off verifies and stores
                     data = await self.in_thread(
                         _verify_and_store, raw, chunk_id, length, put(chunk_id),
                         weight_bytes=length,
                     )  # fmt: skip
-        except IntegrityError as exc:
+        except BaseException as exc:
+            for assembler in claimed:
+                assembler.claimed(False)
+            if not isinstance(exc, IntegrityError):
+                raise
             self.claimed.discard(chunk_id)
             self.charge(chunk_id, exc)
             self.requeue([chunk_id])
             return
         self.fetched_logical_bytes += len(data)
+        if claimed and isinstance(self.sink, HeldSink):
+            self.sink.uses[chunk_id] -= len(claimed)  # those files read it already
         if put is None:
             with trace.timed("put_await"):
                 await self.sink.put(chunk_id, data)
         elif isinstance(self.sink, HeldSink):
             self.sink.keep(chunk_id, data)
+        failed: StorageError | None = None
+        for assembler, error in zip(claimed, errors, strict=True):
+            try:
+                assembler.claimed(error is None, error)
+            except StorageError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
         self.failing_since_s.pop(chunk_id, None)
         self.chunks_done += 1
         self.logical_done_bytes += len(data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ _MAX_INT = 2**63 - 1
 """Sizes and times must fit the 64-bit fields they end up in (os.utime, st_size)."""
 _MAX_MTIME_NS = 2**62
 """About the year 2116; far larger values overflow time_t in os.utime."""
+_BAD_PATH_CHAR = re.compile(r"[\x00-\x1f\x7f\\]")
+"""NUL and other control characters, and the backslash: refused in a path."""
 
 
 def validate_rel_path(path: object) -> str:
@@ -56,10 +59,11 @@ def validate_rel_path(path: object) -> str:
         raise PathTraversalError(f"empty or non-string path {path!r}")
     if len(path) > _MAX_PATH_CHARS:
         raise PathTraversalError(f"path is longer than {_MAX_PATH_CHARS} characters")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in path):
+    bad = _BAD_PATH_CHAR.search(path)
+    if bad is not None:  # one regex scan: a tree's manifest checks every path
+        if bad.group() == "\\":
+            raise PathTraversalError(f"path {path!r} contains a backslash")
         raise PathTraversalError(f"path {path!r} contains NUL or a control character")
-    if "\\" in path:
-        raise PathTraversalError(f"path {path!r} contains a backslash")
     if path.startswith("/"):
         raise PathTraversalError(f"path {path!r} is absolute")
     parts = path.split("/")
@@ -111,11 +115,18 @@ class Manifest:
         return out
 
     @functools.cached_property
+    def canonical_json(self) -> bytes:
+        """The canonical JSON form (sorted keys, no spaces), made once: it names the
+        version (`manifest_id`) and is what the cache stores, so a sync of a tree
+        serializes its manifest once, not twice."""
+        text = json.dumps(manifest_to_dict(self), sort_keys=True, separators=(",", ":"))
+        return text.encode()
+
+    @functools.cached_property
     def manifest_id(self) -> str:
         """BLAKE3 of the canonical JSON form: names this exact dataset version (computed
         once: every info request and stream end asks for it, 10 MB of JSON for 100k files)."""
-        text = json.dumps(manifest_to_dict(self), sort_keys=True, separators=(",", ":"))
-        return blake3.blake3(text.encode()).hexdigest()
+        return blake3.blake3(self.canonical_json).hexdigest()
 
 
 def _walk_files(root: Path) -> Iterator[Path]:
@@ -181,31 +192,41 @@ def _int(value: object, what: str, minimum: int = 0, maximum: int = _MAX_INT) ->
     return value
 
 
+def _field_int(
+    value: object, path: str, what: str, minimum: int = 0, maximum: int = _MAX_INT
+) -> int:
+    """`_int` for a file's field; the message (``PATH: WHAT``) is made only on failure
+    (a tree's manifest checks a few per file)."""
+    if type(value) is int and minimum <= value <= maximum:
+        return value
+    return _int(value, f"{path}: {what}", minimum, maximum)
+
+
 def _file_from_dict(raw: object) -> FileEntry:
     if not isinstance(raw, Mapping):
         raise ProtocolError("manifest: a file entry is not an object")
     path = validate_rel_path(raw.get("path"))
-    size = _int(raw.get("size_bytes"), f"{path}: size_bytes")
+    size = _field_int(raw.get("size_bytes"), path, "size_bytes")
     chunks: list[ChunkRef] = []
     offset = 0
     raw_chunks = raw.get("chunks")
     if not isinstance(raw_chunks, list):
         raise ProtocolError(f"manifest: {path}: chunks is not a list")
     for item in raw_chunks:
-        if not isinstance(item, list) or len(item) != 2:
+        if type(item) is not list or len(item) != 2:
             raise ProtocolError(f"manifest: {path}: a chunk is not [name, length]")
         cid = validate_chunk_id(item[0])
-        length = _int(item[1], f"{path}: chunk length", 1)
+        length = _field_int(item[1], path, "chunk length", 1)
         chunks.append(ChunkRef(offset, length, cid))
         offset += length
     if offset != size:
         raise ProtocolError(f"manifest: {path}: chunks cover {offset} bytes, size is {size}")
-    mode = _int(raw.get("mode", 0o644), f"{path}: mode") & 0o777
+    mode = _field_int(raw.get("mode", 0o644), path, "mode") & 0o777
     return FileEntry(
         path,
         size,
         mode,
-        _int(raw.get("mtime_ns", 0), f"{path}: mtime_ns", 0, _MAX_MTIME_NS),
+        _field_int(raw.get("mtime_ns", 0), path, "mtime_ns", 0, _MAX_MTIME_NS),
         tuple(chunks),
     )
 
@@ -230,7 +251,12 @@ def manifest_from_dict(data: object) -> Manifest:
         if entry.path in seen:
             raise ValidationError(f"manifest: {entry.path} is listed twice")
         seen.add(entry.path)
-    dirs = {"/".join(f.path.split("/")[:i]) for f in files for i in range(1, f.path.count("/") + 1)}
+    dirs: set[str] = set()
+    for path in seen:  # every directory above a file, each walked up once
+        parent = path.rpartition("/")[0]
+        while parent and parent not in dirs:
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
     clash = seen & dirs
     if clash:
         raise ValidationError(f"manifest: {sorted(clash)[0]} is both a file and a directory")
