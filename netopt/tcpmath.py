@@ -5,7 +5,8 @@ A flow never carries more than ``window / RTT``. A loss-based congestion control
 (``C = sqrt(3/2)``, about 1.22, for periodic loss with delayed ACKs off); BBR
 does not back off on random loss, so only the window holds it. The doctor, the
 stream-count choice, the NCCL cost model and the transfer planner all read these
-(pure functions: numbers in, bit/s out).
+(pure functions: numbers in, bit/s out). :func:`idle_restart_s` is what a flow loses
+when it restarts from the initial window after idling (``tcp_slow_start_after_idle``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import math
 
 __all__ = [
     "DEFAULT_MSS_BYTES",
+    "INITIAL_WINDOW_BYTES",
     "LOSS_INSENSITIVE",
     "MATHIS_C",
+    "idle_restart_s",
     "is_loss_based",
     "mathis_bound_bps",
     "tcp_flow_ceiling_bps",
@@ -24,6 +27,8 @@ __all__ = [
 
 DEFAULT_MSS_BYTES = 1448
 """The MSS of a 1500-byte MTU with TCP timestamps."""
+INITIAL_WINDOW_BYTES = 10 * DEFAULT_MSS_BYTES
+"""Linux's initial congestion window (10 segments): where an idle connection restarts."""
 MATHIS_C = 1.22
 """The constant of the Mathis bound, sqrt(3/2) for periodic loss with delayed ACKs off."""
 LOSS_INSENSITIVE = frozenset({"bbr"})
@@ -66,3 +71,30 @@ def tcp_flow_ceiling_bps(
     if not is_loss_based(congestion_control):
         return window_bps
     return min(window_bps, mathis_bound_bps(rtt_ms, loss_ratio, mss_bytes))
+
+
+def idle_restart_s(
+    size_bytes: float,
+    rtt_s: float,
+    rate_bps: float,
+    initial_window_bytes: float = INITIAL_WINDOW_BYTES,
+) -> float:
+    """Seconds a flow restarted from the initial window (``tcp_slow_start_after_idle=1``
+    after one RTO idle) takes to send ``size_bytes`` beyond one already at ``rate_bps``.
+
+    Slow start doubles the window each round trip: after ``k`` rounds it has sent
+    ``IW (2^k - 1)``, and after ``K = ceil(log2(BDP / IW))`` rounds the window covers
+    the BDP and the flow runs at the rate. A transfer that ends inside the ramp takes
+    its ``k`` rounds; a longer one pays the ramp's ``K`` rounds less the ramp's bytes
+    at the rate. 0 where the BDP is within the initial window.
+    """
+    rate_bytes_s = rate_bps / 8
+    bdp = rate_bytes_s * rtt_s
+    if size_bytes <= 0 or rtt_s <= 0 or bdp <= initial_window_bytes:
+        return 0.0
+    ramp_rounds = math.ceil(math.log2(bdp / initial_window_bytes))
+    ramp_bytes = initial_window_bytes * float(2**ramp_rounds - 1)
+    if size_bytes <= ramp_bytes:
+        rounds = math.ceil(math.log2(size_bytes / initial_window_bytes + 1))
+        return max(0.0, rounds * rtt_s - size_bytes / rate_bytes_s)
+    return max(0.0, ramp_rounds * rtt_s - ramp_bytes / rate_bytes_s)

@@ -46,6 +46,8 @@ from netopt.nccl.model import Advice, LinkFigures, Nic, NodeInfo, TuneOptions
 from netopt.nccl.rankorder import rank_order
 from netopt.torch.labfigures import lab_link_figures, lab_nodes
 from netopt.torch.trainbench import (
+    DDP_BUCKET_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
     ModelShape,
     RunSummary,
     goals,
@@ -212,6 +214,12 @@ def run_train_loopback(options: TrainOptions, ranks: int) -> dict[str, Any]:
 def _lab_cc(lab: Any, node: str) -> str:
     proc = lab.exec(node, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])
     return str(proc.stdout).strip()
+
+
+def _idle_restarts(lab: Any, nodes: Sequence[str]) -> bool:
+    """Whether any node restarts idle TCP connections from the initial window."""
+    name = "net.ipv4.tcp_slow_start_after_idle"
+    return any(lab.exec(n, ["sysctl", "-n", name]).stdout.strip() != "0" for n in nodes)
 
 
 def _set_cc(lab: Any, nodes: Sequence[str], cc: str) -> None:
@@ -449,7 +457,9 @@ def run_train_lab(
             "host_cc": {n: _lab_cc(lab, n) for n in nodes}, "data": f"plain HTTP from {origin}",
         })  # fmt: skip
         defaults.border_bytes = border
-        comm = predicted_comm_s(fabric_before, defaults.grad_bytes, "none", layer_dim=shape.dim)
+        defaults.settings["idle_restart"] = _idle_restarts(lab, nodes)
+        comm = predicted_comm_s(fabric_before, defaults.grad_bytes, "none", layer_dim=shape.dim,
+                                idle_restart=defaults.settings["idle_restart"])  # fmt: skip
         defaults.predicted_comm_s = comm
         defaults.predicted_step_s = predicted_step_s(defaults.compute_s, comm)
         # nccl-env is told the compute the user's meter saw on the defaults' run
@@ -495,9 +505,12 @@ def run_train_lab(
             "data": f"CachedDataset over a region-shared netopt sync from {origin}",
         })  # fmt: skip
         netopt.border_bytes = border
+        netopt.settings["idle_restart"] = _idle_restarts(lab, nodes)
+        cap_bytes = None if bucket_cap_mb is None else bucket_cap_mb * 2**20
         comm = predicted_comm_s(fabric_after, netopt.grad_bytes, hook, layer_dim=shape.dim,
-                                powersgd_rank=psgd_rank,
-                                bucket_bytes=(bucket_cap_mb or 25) * 2**20)  # fmt: skip
+                                powersgd_rank=psgd_rank, bucket_bytes=cap_bytes or DDP_BUCKET_BYTES,
+                                first_bucket_bytes=cap_bytes or DDP_FIRST_BUCKET_BYTES,
+                                idle_restart=netopt.settings["idle_restart"])  # fmt: skip
         netopt.predicted_comm_s = comm
         netopt.predicted_step_s = predicted_step_s(netopt.compute_s, comm)
         lab_facts = {"prefix": lab.prefix, "origin": origin, "cc": cc,

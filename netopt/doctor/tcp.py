@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from netopt.doctor.findings import Finding
 from netopt.doctor.sysctl import read_sysctl
-from netopt.tcpmath import mathis_bound_bps, window_cap_bps
+from netopt.tcpmath import INITIAL_WINDOW_BYTES, mathis_bound_bps, window_cap_bps
 
 __all__ = [
     "LinkView",
@@ -26,8 +26,6 @@ __all__ = [
     "recommended_buffer_bytes",
 ]
 
-INITIAL_WINDOW_BYTES = 10 * 1448
-"""Linux's initial congestion window (10 segments): where an idle connection restarts."""
 LOSSY_RATIO = 0.001
 """Loss above which a loss-based algorithm is held well below a fast link's rate."""
 MIN_RECOMMENDED_BUFFER_BYTES = 16 * 2**20

@@ -14,6 +14,13 @@ A hop's rate is ``min(link rate, flows x per-flow ceiling)``: a TCP flow gets at
 ``min(measured single-stream goodput, MSS/RTT x 1.22/sqrt(loss))`` (Mathis et al.;
 the loss term only for loss-based congestion control, not BBR),
 and NCCL's socket transport opens ``flows`` sockets per connection (Gloo opens one).
+
+Gloo (PyTorch's CPU backend) pays each message twice the latency: its TCP transport
+writes a message only once the receiver's ready notice for it has arrived (the
+receiver posts the receive, the notice crosses, then the data), and its ring posts
+each step's receive when the step before is done. So a Gloo message is
+``2·alpha + S/rate`` and Gloo's ring ``2(n-1)·2·alpha + 2(n-1)/n · S/rate``: two round
+trips for two ranks, where the plain ring counts one (:func:`gloo_ring_allreduce_s`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ __all__ = [
     "best_link",
     "fabric_from_links",
     "flow_ceiling_bps",
+    "gloo_hierarchical_allreduce_s",
+    "gloo_message_s",
+    "gloo_ring_allreduce_s",
     "predict",
     "predict_table",
     "ring_allreduce_s",
@@ -78,6 +88,44 @@ def ring_allreduce_s(n: int, size_bytes: float, alpha_s: float, rate_bps: float)
     if n <= 1:
         return 0.0
     return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * size_bytes * 8 / rate_bps
+
+
+def gloo_message_s(size_bytes: float, hop: Hop) -> float:
+    """One Gloo message of ``S`` bytes over ``hop``: the receiver's ready notice one way,
+    then the data: ``2a + S/B``. Two ranks sending each other one at once (netopt's
+    leaders' exchange) take the same: both notices cross, then both messages."""
+    return 2 * hop.alpha_s + size_bytes * 8 / hop.rate_bps
+
+
+def gloo_ring_allreduce_s(n: int, size_bytes: float, alpha_s: float, rate_bps: float) -> float:
+    """Gloo's ring all-reduce: ``2(n-1) 2a + 2(n-1)/n * S/B``; 0 for one rank.
+
+    Gloo's ring (``gloo::allreduce``) cuts the buffer into two segments per rank and
+    runs n-1 reduce-scatter steps then n-1 all-gather steps; a step's receive is posted
+    when the step before it is done and its data waits for that receive's ready notice
+    (one way) before it is written (one way), so every step waits ``2a``.
+    """
+    return ring_allreduce_s(n, size_bytes, 2 * alpha_s, rate_bps)
+
+
+def gloo_hierarchical_allreduce_s(fabric: Fabric, size_bytes: float) -> float | None:
+    """netopt's region-hierarchical all-reduce on Gloo (``netopt.torch.hierarchical``).
+
+    A reduce to the region leader and a broadcast back inside the largest region, each
+    one pass of the bytes over the local hop (one Gloo message), and between the leaders
+    one exchange (two regions: both send at once, one message) or Gloo's ring (more).
+    None when the nodes sit in one region.
+    """
+    if fabric.wan is None or len(fabric.region_sizes) < 2:
+        return None
+    local = 0.0
+    if fabric.local is not None and max(fabric.region_sizes) > 1:
+        local = 2 * gloo_message_s(size_bytes, fabric.local)
+    regions = len(fabric.region_sizes)
+    if regions == 2:
+        return local + gloo_message_s(size_bytes, fabric.wan)
+    wan = fabric.wan
+    return local + gloo_ring_allreduce_s(regions, size_bytes, wan.alpha_s, wan.rate_bps)
 
 
 def tree_allreduce_s(n: int, size_bytes: float, alpha_s: float, rate_bps: float) -> float:

@@ -1,8 +1,10 @@
 """A region-hierarchical all-reduce DDP comm hook: border bytes grow with regions, not nodes.
 
 Per DDP bucket: reduce inside each region to its leader (the region's lowest
-rank), all-reduce among the leaders (the only traffic that crosses a border),
-broadcast from the leader inside the region, divide by the world size. With
+rank), all-reduce among the leaders (the only traffic that crosses a border;
+between exactly two leaders a point-to-point exchange, :func:`exchange_sum`: one
+round trip where Gloo's all-reduce takes two), broadcast from the leader inside
+the region, divide by the world size. With
 ``R`` regions each leader sends ``2(R-1)/R x S`` across borders for a bucket of
 ``S`` bytes (``S`` for two regions) however many nodes each region holds; a
 flat ring pays ``2(n-1)/n x S`` on each border hop and waits ``2(n-1)`` times on
@@ -45,6 +47,7 @@ from netopt.torch.lowrank import LowRankState
 __all__ = [
     "HierarchicalState",
     "RegionGroups",
+    "exchange_sum",
     "gather_regions",
     "hierarchical_hook",
     "hierarchical_powersgd_state",
@@ -87,6 +90,9 @@ class RegionGroups:
     leader_group: Any
     broadcast_group: Any = None
     """A second group of the region's ranks for the broadcasts (None: ``region_group``)."""
+    peer_leader: int | None = None
+    """With exactly two regions, the other region's leader (on a leader; else None): the
+    leaders exchange their sums point to point (:func:`exchange_sum`), no all-reduce."""
 
     @property
     def is_leader(self) -> bool:
@@ -133,11 +139,36 @@ def region_groups(
         if rank in ranks:
             leader, region_group, broadcast_group = ranks[0], group, second
     leaders = [ranks[0] for _name, ranks in members]
-    leader_group = None
+    leader_group, peer = None, None
     if len(leaders) > 1:
         group = dist.new_group(ranks=leaders, timeout=timeout, backend=backend)
         leader_group = group if rank in leaders else None
-    return RegionGroups(rank, world, members, leader, region_group, leader_group, broadcast_group)
+        if len(leaders) == 2 and rank in leaders:
+            peer = leaders[1] if rank == leaders[0] else leaders[0]
+    return RegionGroups(
+        rank, world, members, leader, region_group, leader_group, broadcast_group, peer
+    )
+
+
+def exchange_sum(torch: Any, tensor: Any, peer: int, group: Any) -> None:
+    """``tensor`` plus the same-shaped tensor of ``peer``, in place (both ranks call it).
+
+    Between two ranks this is one message each way at once: one round trip plus the
+    bytes. Gloo's all-reduce takes two (its reduce-scatter, then its all-gather, each
+    a message that waits for the receiver's ready notice; see
+    :func:`netopt.nccl.costmodel.gloo_ring_allreduce_s`). ``a + b`` equals ``b + a``
+    exactly, so both ranks hold the same sum. Each wait is bounded by ``group``'s
+    timeout.
+    """
+    dist = torch.distributed
+    received = torch.empty_like(tensor)
+    works = [
+        dist.irecv(received, src=peer, group=group),
+        dist.isend(tensor, dst=peer, group=group),
+    ]
+    for work in works:
+        work.wait()
+    tensor.add_(received)
 
 
 _STAGES = ("reduce", "leaders", "broadcast")
@@ -191,7 +222,10 @@ class HierarchicalState:
         if stage == 0 and g.region_group is not None:
             dist.reduce(tensor, dst=g.leader, group=g.region_group)
         elif stage == 1 and g.leader_group is not None:
-            dist.all_reduce(tensor, group=g.leader_group)
+            if g.peer_leader is None:
+                dist.all_reduce(tensor, group=g.leader_group)
+            else:
+                exchange_sum(self.torch, tensor, g.peer_leader, g.leader_group)
         elif stage == 2 and g.region_group is not None:
             group = g.broadcast_group if g.broadcast_group is not None else g.region_group
             dist.broadcast(tensor, src=g.leader, group=group)

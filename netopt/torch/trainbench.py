@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from netopt.errors import NetworkError, ValidationError
-from netopt.nccl.advice import hierarchical_allreduce_s
-from netopt.nccl.costmodel import Fabric, ring_allreduce_s
+from netopt.nccl.costmodel import Fabric, gloo_hierarchical_allreduce_s, gloo_ring_allreduce_s
+from netopt.tcpmath import idle_restart_s
 
 __all__ = [
     "DDP_BUCKET_BYTES",
@@ -348,8 +348,10 @@ def summarize(
     )
 
 
-def _buckets(grad_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
-    first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+def _buckets(
+    grad_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES, first_bytes: int = DDP_FIRST_BUCKET_BYTES
+) -> list[int]:
+    first = min(grad_bytes, first_bytes)
     rest = grad_bytes - first
     full, tail = divmod(rest, bucket_bytes)
     return [first] + [bucket_bytes] * full + ([tail] if tail else [])
@@ -357,34 +359,54 @@ def _buckets(grad_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]
 
 def predicted_comm_s(
     fabric: Fabric, grad_bytes: int, hook: str, *, layer_dim: int = 256, powersgd_rank: int = 4,
-    bucket_bytes: int = DDP_BUCKET_BYTES,
+    bucket_bytes: int = DDP_BUCKET_BYTES, first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
+    idle_restart: bool = False,
 ) -> float:  # fmt: skip
     """The cost model's gradient communication of one step, bucket after bucket (Gloo).
 
-    A flat ring per bucket for ``none``/``fp16``/``powersgd`` (PowerSGD: two
-    all-reduces of ``2 x rank / layer_dim`` of each bucket); for the hierarchical
+    Gloo's flat ring per bucket for ``none``/``fp16``/``powersgd`` (PowerSGD: two
+    all-reduces, P then Q, of ``rank / layer_dim`` of each bucket each); for the hierarchical
     hooks a reduce and a broadcast inside the largest region (each one pass of the
-    bucket over the local hop) and a ring of the region leaders over the border
-    (``hierarchical-powersgd``: two of them, of PowerSGD's P and Q).
+    bucket over the local hop) and the region leaders' exchange over the border
+    (``hierarchical-powersgd``: two of them, of PowerSGD's P and Q). Every Gloo
+    message waits for its receiver's ready notice: see
+    :func:`~netopt.nccl.costmodel.gloo_ring_allreduce_s`. DDP's first bucket is
+    ``first_bucket_bytes`` (1 MiB where ``bucket_cap_mb`` is left at its default;
+    torch 2.13 makes it a full bucket where the cap is given).
+
+    ``idle_restart``: the hosts restart idle connections from the initial window
+    (``tcp_slow_start_after_idle=1``); the step's first message over the border, after
+    the compute's idle, pays the ramp (:func:`netopt.tcpmath.idle_restart_s`).
     """
     factor = 0.5 if "fp16" in hook else 1.0
     total = 0.0
-    for size in _buckets(grad_bytes, bucket_bytes):
+    first_message = 0.0
+    ring = fabric.ring
+    for index, size in enumerate(_buckets(grad_bytes, bucket_bytes, first_bucket_bytes)):
         s = size * factor
-        two_level = hierarchical_allreduce_s(fabric, s) if hook.startswith("hierarchical") else None
+        part = s * min(1.0, 2 * powersgd_rank / layer_dim)  # PowerSGD's P and Q together
+        two_level = None
         if hook == "hierarchical-powersgd":
-            part = s * min(1.0, 2 * powersgd_rank / layer_dim) / 2
-            two_level = hierarchical_allreduce_s(fabric, part)
+            two_level = gloo_hierarchical_allreduce_s(fabric, part / 2)
             if two_level is not None:
                 total += 2 * two_level
-                continue
-        if two_level is not None:
-            total += two_level
-        elif hook == "powersgd":
-            part = s * min(1.0, 2 * powersgd_rank / layer_dim)
-            total += 2 * ring_allreduce_s(fabric.n, part, fabric.ring.alpha_s, fabric.ring.rate_bps)
-        else:
-            total += ring_allreduce_s(fabric.n, s, fabric.ring.alpha_s, fabric.ring.rate_bps)
+                message = part / 2
+        elif hook.startswith("hierarchical"):
+            two_level = gloo_hierarchical_allreduce_s(fabric, s)
+            if two_level is not None:
+                total += two_level
+                message = s
+        if two_level is None and "powersgd" in hook:  # flat (one region: the ring is all)
+            total += 2 * gloo_ring_allreduce_s(fabric.n, part / 2, ring.alpha_s, ring.rate_bps)
+            message = part / 2 / fabric.n
+        elif two_level is None:
+            total += gloo_ring_allreduce_s(fabric.n, s, ring.alpha_s, ring.rate_bps)
+            message = s / fabric.n
+        if index == 0:
+            first_message = message
+    if idle_restart:
+        border = fabric.wan or fabric.ring
+        total += idle_restart_s(first_message, 2 * border.alpha_s, border.rate_bps)
     return total
 
 

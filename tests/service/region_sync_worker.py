@@ -79,6 +79,7 @@ def run(torch, rank, world, layout):
         "rank": rank,
         "applied": applied.name,
         "leader": applied.state.leader,
+        "peer_leader": applied.state.peer_leader,
         "grad_bytes": 4 * sum(p.numel() for p in ddp.parameters()),
         "bucket_sizes": [int(s) for s in sizes.split(",") if s.strip()],
         "diffs": diffs,

@@ -1,7 +1,8 @@
 """netopt's region-aware gradient syncs over real Gloo ranks (issue 22).
 
 Four ranks, a 1.7 M-parameter model in uneven 1 MB buckets. The hierarchical
-all-reduce hook, on region layouts 2+2, 3+1 and interleaved (a,b,a,b): DDP's
+all-reduce hook, on region layouts 2+2, 3+1, interleaved (a,b,a,b) (the two leaders
+exchange point to point) and three regions 1+1+2 (the leaders' all-reduce): DDP's
 gradient equals the default group's ``all_reduce`` mean. The advised gradient
 accumulation and local SGD (3+1) run and do what they say. One start of the
 four ranks serves every test (torch's import dominates); each rank is bounded
@@ -22,8 +23,20 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Failed to initialize NumPy"),
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
 ]
-LAYOUTS = ("hk,hk,us,us", "hk,hk,hk,us", "hk,us,hk,us")
-LEADERS = {"hk,hk,us,us": [0, 0, 2, 2], "hk,hk,hk,us": [0, 0, 0, 3], "hk,us,hk,us": [0, 1, 0, 1]}
+LAYOUTS = ("hk,hk,us,us", "hk,hk,hk,us", "hk,us,eu,eu", "hk,us,hk,us")
+LEADERS = {
+    "hk,hk,us,us": [0, 0, 2, 2],
+    "hk,hk,hk,us": [0, 0, 0, 3],
+    "hk,us,eu,eu": [0, 1, 2, 2],
+    "hk,us,hk,us": [0, 1, 0, 1],
+}
+# two regions: the leaders exchange point to point; three: Gloo's all-reduce among them
+PEERS = {
+    "hk,hk,us,us": [2, None, 0, None],
+    "hk,hk,hk,us": [3, None, None, 0],
+    "hk,us,eu,eu": [None, None, None, None],
+    "hk,us,hk,us": [1, 0, None, None],
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +51,9 @@ def test_hierarchical_hook_equals_all_reduce_four_ranks(four_ranks: list[dict]) 
             by_layout[result["layout"]].append(result)
     for layout, ranks in by_layout.items():
         assert len(ranks) == 4
-        assert [r["leader"] for r in sorted(ranks, key=lambda r: r["rank"])] == LEADERS[layout]
+        by_rank = sorted(ranks, key=lambda r: r["rank"])
+        assert [r["leader"] for r in by_rank] == LEADERS[layout]
+        assert [r["peer_leader"] for r in by_rank] == PEERS[layout]
         first = ranks[0]
         assert first["applied"] == "hierarchical_allreduce_hook"
         assert first["grad_bytes"] > 6_000_000  # several MB of gradients

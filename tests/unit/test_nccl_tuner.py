@@ -11,8 +11,13 @@ from nccl_helpers import V_2_21, V_2_24, V_2_26, link, nic, node, two_region, wa
 from netopt.errors import ValidationError
 from netopt.nccl.advice import BUCKET_CAPS_MB, TARGET_SHARE, overlap_buckets
 from netopt.nccl.costmodel import (
+    Fabric,
+    Hop,
     fabric_from_links,
     flow_ceiling_bps,
+    gloo_hierarchical_allreduce_s,
+    gloo_message_s,
+    gloo_ring_allreduce_s,
     predict,
     ring_allreduce_s,
     tree_allreduce_s,
@@ -130,6 +135,33 @@ def test_cost_model_formulas() -> None:
     assert ring_allreduce_s(4, 1e6, 0.01, 1e8) == pytest.approx(6 * 0.01 + 1.5 * 8e6 / 1e8)
     assert tree_allreduce_s(4, 1e6, 0.01, 1e8) == pytest.approx(4 * 0.01 + 2 * 8e6 / 1e8)
     assert ring_allreduce_s(1, 1e6, 0.01, 1e8) == 0.0
+
+
+def test_gloo_waits_two_one_way_latencies_per_message() -> None:
+    # a message waits for its receiver's ready notice (one way), then travels (one way)
+    wan = Hop(alpha_s=0.04, rate_bps=1e8)
+    assert gloo_message_s(1e6, wan) == pytest.approx(2 * 0.04 + 8e6 / 1e8)
+    # two ranks: a reduce-scatter step and an all-gather step, each a message: 2 RTT
+    # (measured on the lab: a 1 KB all-reduce of hk-1 and us-1 took 0.16 s at 80 ms RTT)
+    assert gloo_ring_allreduce_s(2, 1e3, 0.04, 1e8) == pytest.approx(4 * 0.04 + 8e3 / 1e8)
+    assert gloo_ring_allreduce_s(4, 1e6, 0.01, 1e8) == pytest.approx(6 * 2 * 0.01 + 1.5 * 8e6 / 1e8)
+    assert gloo_ring_allreduce_s(1, 1e6, 0.01, 1e8) == 0.0
+    local = Hop(alpha_s=0.0001, rate_bps=1e9)
+    two = Fabric(n=4, ring=wan, tree=wan, region_sizes=(3, 1), local=local, wan=wan,
+                 wan_link_bps=1e8)  # fmt: skip
+    # reduce and broadcast in the region (a message each), the leaders' exchange: one
+    # message each way at once, one round trip where Gloo's all-reduce takes two
+    assert gloo_hierarchical_allreduce_s(two, 1e6) == pytest.approx(
+        2 * gloo_message_s(1e6, local) + gloo_message_s(1e6, wan)
+    )
+    three = Fabric(n=4, ring=wan, tree=wan, region_sizes=(2, 1, 1), local=local, wan=wan,
+                   wan_link_bps=1e8)  # fmt: skip
+    assert gloo_hierarchical_allreduce_s(three, 1e6) == pytest.approx(
+        2 * gloo_message_s(1e6, local) + gloo_ring_allreduce_s(3, 1e6, 0.04, 1e8)
+    )
+    one = Fabric(n=2, ring=local, tree=local, region_sizes=(2,), local=local, wan=None,
+                 wan_link_bps=None)  # fmt: skip
+    assert gloo_hierarchical_allreduce_s(one, 1e6) is None
 
 
 def test_latency_bound_small_messages_prefer_tree_large_prefer_ring() -> None:

@@ -7,6 +7,8 @@ import math
 import pytest
 
 from netopt.tcpmath import (
+    INITIAL_WINDOW_BYTES,
+    idle_restart_s,
     is_loss_based,
     mathis_bound_bps,
     tcp_flow_ceiling_bps,
@@ -38,3 +40,19 @@ def test_flow_ceiling_is_the_lower_bound_and_bbr_escapes_loss() -> None:
     assert is_loss_based("cubic")
     assert is_loss_based("reno")
     assert not is_loss_based("bbr")
+
+
+def test_idle_restart_pays_the_slow_start_ramp() -> None:
+    # 100 Mbit/s, 80 ms RTT: BDP 1 MB, about 69 initial windows: 7 rounds to reach it
+    rtt, rate = 0.08, 100e6
+    bdp = rate / 8 * rtt
+    ramp = INITIAL_WINDOW_BYTES * (2**7 - 1)
+    assert ramp >= bdp > INITIAL_WINDOW_BYTES * (2**6 - 1)
+    # a long transfer: the 7 rounds, less the ramp's bytes at the rate
+    assert idle_restart_s(20e6, rtt, rate) == pytest.approx(7 * rtt - ramp * 8 / rate)
+    # a short one ends inside the ramp: 262 KB takes 5 rounds (IW x 31 >= 262 KB > IW x 15)
+    assert idle_restart_s(262_144, rtt, rate) == pytest.approx(5 * rtt - 262_144 * 8 / rate)
+    assert idle_restart_s(1000, rtt, rate) == pytest.approx(rtt - 1000 * 8 / rate)
+    # nothing to ramp: a BDP within the initial window, or nothing sent
+    assert idle_restart_s(20e6, 0.001, rate) == 0.0
+    assert idle_restart_s(0, rtt, rate) == 0.0

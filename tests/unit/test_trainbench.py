@@ -14,6 +14,7 @@ from netopt.cli.bench_train import choose_hook, interleave
 from netopt.errors import NetworkError, ValidationError
 from netopt.nccl.costmodel import Fabric, Hop
 from netopt.nccl.model import Advice
+from netopt.tcpmath import idle_restart_s
 from netopt.torch.trainbench import (
     ModelShape,
     batch_indices,
@@ -92,6 +93,10 @@ def test_hierarchical_prediction_beats_the_flat_ring_on_a_slow_border() -> None:
     low = predicted_comm_s(fabric, grad, "hierarchical-powersgd", powersgd_rank=8)
     assert low < predicted_comm_s(fabric, grad, "powersgd", powersgd_rank=8)
     assert 2 * 2 * (2 * 0.04) < low < 0.6
+    # hosts that restart idle connections: the step's first border message pays the ramp
+    restart = predicted_comm_s(fabric, grad, "none", idle_restart=True) - flat
+    assert restart == pytest.approx(idle_restart_s(2**20 / 4, 0.08, 90e6))
+    assert restart > 3 * 0.08
     # smaller buckets: more of them, each paying the latencies
     smaller = predicted_comm_s(fabric, grad, "hierarchical-powersgd", powersgd_rank=8,
                                bucket_bytes=4 * 2**20)  # fmt: skip
