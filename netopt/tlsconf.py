@@ -1,5 +1,9 @@
 """TLS for every netopt listener and client: SSL contexts from files, and the plaintext rules.
 
+Both ends speak TLS 1.2 or later, and TLS 1.2 only with `TLS12_CIPHERS` (AEAD suites with
+ECDHE key exchange: no CBC, no static RSA); TLS 1.3's suites are all AEAD (Python 3.11 cannot
+reorder them: OpenSSL's order, AES-256-GCM first, is what two netopt ends agree on).
+
 Servers: `server_context(ServerTls)` builds the listener's context (TLS 1.2 or later; with
 ``require_client_cert`` a peer must present a certificate the cluster CA signed: mutual
 TLS). `certificate_watch` takes a renewed certificate and key into a running listener's
@@ -39,6 +43,7 @@ from netopt.errors import ConfigError, TlsError, UsageError
 
 __all__ = [
     "RELOAD_INTERVAL_S",
+    "TLS12_CIPHERS",
     "ClientTls",
     "ServerTls",
     "certificate_watch",
@@ -57,6 +62,16 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+TLS12_CIPHERS = "@SECLEVEL=2:ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL"
+"""The suites both ends allow under TLS 1.2: AES-GCM (AES-NI) before ChaCha20-Poly1305,
+both with ECDHE; a peer that offers only CBC or static-RSA suites is refused."""
+
+
+def _restrict(ctx: ssl.SSLContext) -> None:
+    """TLS 1.2 or later, and under 1.2 only `TLS12_CIPHERS`."""
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
 
 
 @dataclass(frozen=True)
@@ -162,7 +177,7 @@ def _mtimes(*paths: str | None) -> tuple[object, ...]:
 def server_context(tls: ServerTls) -> ssl.SSLContext:
     """The listener's context; ConfigError naming the file that cannot be loaded."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _restrict(ctx)  # the server's order decides (OP_CIPHER_SERVER_PREFERENCE, ssl's default)
     _load_chain(ctx, tls.cert_file, tls.key_file, tls.where)
     if tls.require_client_cert:
         if tls.ca_file is None:
@@ -191,7 +206,7 @@ def client_context(tls: ClientTls) -> ssl.SSLContext:
         _load_ca(ctx, tls.ca_file, tls.where)
     else:
         ctx = ssl.create_default_context()
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _restrict(ctx)
     if tls.cert_file is not None and tls.key_file is not None:
         _load_chain(ctx, tls.cert_file, tls.key_file, tls.where)
     _contexts.clear()  # one live set of files per process
@@ -260,6 +275,8 @@ _REASON_CAUSES = {
     "TLSV1_ALERT_UNKNOWN_CA": "the server does not trust the CA of this side's client certificate",
     "CERTIFICATE_VERIFY_FAILED": "the peer's certificate failed verification",
     "UNSUPPORTED_PROTOCOL": "the peer offers only TLS versions below 1.2",
+    "NO_SHARED_CIPHER": "the peer offers no cipher suite this side allows (TLS 1.2: "
+    "AEAD with ECDHE only)",
 }
 
 

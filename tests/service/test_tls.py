@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from netopt.errors import ConfigError, TlsError
 from netopt.tlsconf import (
     ClientTls,
     ServerTls,
+    client_context,
     client_ssl,
     server_context,
     use_client_tls,
@@ -442,3 +444,61 @@ def test_the_agent_refuses_plaintext_off_the_host_before_starting(
     err = capsys.readouterr().err
     assert refusal in err, err
     assert TOKEN not in err
+
+
+CBC_ONLY = "ECDHE-ECDSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA384:ECDHE-ECDSA-AES128-SHA"
+
+
+def _handshake(ctx: ssl.SSLContext, port: int) -> tuple[str, str]:
+    """(cipher, version) of a handshake with 127.0.0.1:``port``; raises ssl.SSLError."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        name, version, _ = tls.cipher()  # type: ignore[misc]
+        return name, version
+
+
+def test_only_aead_suites_are_spoken_either_way(pki: Pki, server_files: NodeFiles) -> None:
+    aead = {c["name"] for c in ssl.create_default_context().get_ciphers() if c["aead"]}
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.load_verify_locations(str(pki.ca))
+    with thread_server(_context(server_files)) as url:  # type: ignore[arg-type]
+        port = int(url.rsplit(":", 1)[1])
+        # netopt's own ends: TLS 1.3 (AES-GCM), or under 1.2 an ECDHE AES-GCM suite.
+        ours = client_context(ClientTls(ca_file=str(pki.ca)))
+        assert _handshake(ours, port) == ("TLS_AES_256_GCM_SHA384", "TLSv1.3")
+        client.maximum_version = ssl.TLSVersion.TLSv1_2
+        name, version = _handshake(client, port)
+        assert version == "TLSv1.2"
+        assert name in aead, name
+        assert name.startswith("ECDHE-ECDSA-AES"), name
+        # A client that offers only CBC suites (what ssl's defaults still allow) is refused
+        # (asyncio's server drops the connection on the failed handshake).
+        client.set_ciphers(CBC_ONLY)
+        with pytest.raises(ssl.SSLError, match=r"HANDSHAKE_FAILURE|UNEXPECTED_EOF"):
+            _handshake(client, port)
+    # And netopt's client refuses a server that speaks only CBC under TLS 1.2.
+    weak = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    weak.maximum_version = ssl.TLSVersion.TLSv1_2
+    weak.set_ciphers(CBC_ONLY)
+    weak.load_cert_chain(str(server_files.cert), str(server_files.key))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        errors: list[BaseException] = []
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            try:
+                weak.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError) as exc:
+                errors.append(exc)
+            finally:
+                conn.close()
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        with pytest.raises(ssl.SSLError):
+            _handshake(ours, listener.getsockname()[1])
+        thread.join(10)
+    assert errors, "the weak server saw no failed handshake"
+    assert "NO_SHARED_CIPHER" in str(errors[0]), errors
