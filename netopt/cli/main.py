@@ -20,7 +20,6 @@ from rich.markup import escape
 
 from netopt import __version__
 from netopt.cli.output import err_console, print_json
-from netopt.dataplane.heap import tune_heap
 from netopt.errors import EXIT_FAILURE, EXIT_USAGE, NetoptError
 from netopt.logfmt import LOG_FORMATS, LogFormat, formatter
 
@@ -120,7 +119,6 @@ def run() -> None:
     handlers (logging, traces) run, and the process ends. When a non-daemon thread is
     still alive, the normal exit joins it instead.
     """
-    tune_heap()  # every netopt process may move data over TLS (netopt.dataplane.heap)
     code = main()
     try:
         sys.stdout.flush()

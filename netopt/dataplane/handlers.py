@@ -31,7 +31,6 @@ from netopt.dataplane.limits import (
     STREAM_NAME_LINE_BYTES,
 )
 from netopt.dataplane.origin import LiveDataset
-from netopt.dataplane.sending import send
 from netopt.dataplane.served import DatasetView, ServedDataset
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
 from netopt.errors import (
@@ -368,7 +367,7 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
             stats.count_chunk(chunk_id)
             payload, codec = await upcoming.popleft()
             refill()
-            await send(request, resp, frame_header(chunk_id, codec, len(payload)) + payload)
+            await resp.write(frame_header(chunk_id, codec, len(payload)) + payload)
             stats.payload_bytes_sent += len(payload)
     except (StorageError, IntegrityError) as exc:
         # Cut the stream: the client keeps the whole frames it got and asks again.
@@ -479,7 +478,7 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
                 stats.payload_bytes_sent += len(payload)
                 sent_bytes += len(payload)
                 sent_frames += 1
-            await send(request, resp, b"".join(frames))
+            await resp.write(b"".join(frames))
     except (StorageError, IntegrityError, web.HTTPException) as exc:
         log.warning("stream stopped at chunk %s: %s", chunk_id[:16], exc)
         if isinstance(exc, IntegrityError):
