@@ -223,18 +223,24 @@ class FailingCoordinator:
         return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
 
+async def _sync_through(
+    world: World, coordinator: FailingCoordinator
+) -> tuple[FailingCoordinator, SyncReport]:
+    """hk-1's sync with ``coordinator`` as its only coordinator; stopped afterwards."""
+    url = await coordinator.start()
+    try:
+        return coordinator, await run_sync(world.request("hk-1", coordinator_url=url))
+    finally:
+        assert coordinator.runner is not None
+        await coordinator.runner.cleanup()
+
+
 @pytest.mark.parametrize("mode", ["503", "garbage", "vanish"])
 async def test_a_coordinator_failing_mid_sync_means_the_sync_goes_on_from_source(
     world: World, mode: str
 ) -> None:
     chunks = len(world.manifest.unique_chunks())
-    coordinator = FailingCoordinator(mode)
-    url = await coordinator.start()
-    try:
-        report = await run_sync(world.request("hk-1", coordinator_url=url))
-    finally:
-        assert coordinator.runner is not None
-        await coordinator.runner.cleanup()
+    coordinator, report = await _sync_through(world, FailingCoordinator(mode))
     shared = sharing_of(report)
     assert shared["enabled"] is True
     assert coordinator.calls >= 2  # the session opened, then a routing call failed
@@ -249,13 +255,7 @@ async def test_a_coordinator_failover_blip_is_ridden_out_without_going_to_source
     world: World,
 ) -> None:
     chunks = len(world.manifest.unique_chunks())
-    coordinator = FailingCoordinator("blip")
-    url = await coordinator.start()
-    try:
-        report = await run_sync(world.request("hk-1", coordinator_url=url))
-    finally:
-        assert coordinator.runner is not None
-        await coordinator.runner.cleanup()
+    coordinator, report = await _sync_through(world, FailingCoordinator("blip"))
     shared = sharing_of(report)
     assert coordinator.failed >= 1  # routing calls were refused, then asked again
     assert shared["coordinator_failures"] == 0
