@@ -93,28 +93,20 @@ def retries_exhausted(
 
 
 def _verify_and_store(
-    raw: RawChunk, chunk_id: str, length_bytes: int, put: Callable[[bytes], None]
-) -> bytes:
-    """Decode and verify a received chunk, then store it with ``put`` (on a pool thread)."""
-    data = decode_chunk(raw, chunk_id, length_bytes)
-    put(data)
-    return data
-
-
-def _verify_store_write(
     raw: RawChunk,
     chunk_id: str,
     length_bytes: int,
     put: Callable[[bytes], None] | None,
     claims: list[ClaimedWrite],
 ) -> tuple[bytes, list[OSError | None]]:
-    """`_verify_and_store` (``put`` None: verify only), then write the claimed one-chunk
-    files from the verified bytes (`netopt.dataplane.assemble.write_claimed`); nothing
-    is written from a chunk that fails its check."""
+    """Decode and verify a received chunk, store it with ``put`` (None: verify only),
+    then write the claimed one-chunk files from the verified bytes
+    (`netopt.dataplane.assemble.write_claimed`), on a pool thread; nothing is stored or
+    written from a chunk that fails its check."""
     data = decode_chunk(raw, chunk_id, length_bytes)
     if put is not None:
         put(data)
-    return data, write_claimed(data, claims)
+    return data, write_claimed(data, claims) if claims else []
 
 
 class SyncRun:
@@ -267,22 +259,15 @@ class SyncRun:
             if write is not None:
                 claimed.append(assembler)
                 writes.append(write)
-        errors: list[OSError | None] = []
         try:
             with trace.timed("decode_await"):
-                if claimed:
-                    data, errors = await self.in_thread(
-                        _verify_store_write, raw, chunk_id, length,
-                        None if put is None else put(chunk_id), writes,
-                        weight_bytes=(1 + len(writes)) * length,
-                    )  # fmt: skip
-                elif put is None:
-                    data = await self.in_thread(decode_chunk, raw, chunk_id, length)
-                else:  # one hand-off verifies and stores
-                    data = await self.in_thread(
-                        _verify_and_store, raw, chunk_id, length, put(chunk_id),
-                        weight_bytes=length,
-                    )  # fmt: skip
+                # One hand-off verifies, stores (when the sink stores on a thread) and
+                # writes the claimed files.
+                weight_bytes = (int(put is not None) + len(writes)) * length
+                data, errors = await self.in_thread(
+                    _verify_and_store, raw, chunk_id, length,
+                    None if put is None else put(chunk_id), writes, weight_bytes=weight_bytes,
+                )  # fmt: skip
         except BaseException as exc:
             for assembler in claimed:
                 assembler.claimed(False)
