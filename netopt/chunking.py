@@ -66,14 +66,30 @@ def chunk_bytes(
     ]
 
 
+WHOLE_READ_MAX_BYTES = 4 * 1024 * 1024
+"""Files up to this size are read whole and cut in memory; larger ones are streamed."""
+
+
 def chunk_file(
     path: str | os.PathLike[str], avg_chunk_bytes: int = DEFAULT_AVG_CHUNK_BYTES
 ) -> Iterator[ChunkRef]:
     """Cut the file at ``path`` into chunks, streaming (the file is not read whole).
 
+    The file is read with plain reads, never mapped: a file another process
+    truncates while it is cut yields a short read here (and a changed stamp on the
+    next walk), where a mapping would kill the whole process with SIGBUS.
+
     Raises OSError from opening or reading the file.
     """
-    if os.path.getsize(path) == 0:
-        return
-    for c in _chunker(avg_chunk_bytes).cut_file(os.fspath(path)):
-        yield ChunkRef(c.offset, c.length, chunk_id(c.data))
+    chunker = _chunker(avg_chunk_bytes)
+    with open(path, "rb", buffering=0) as f:
+        size_bytes = os.fstat(f.fileno()).st_size
+        if size_bytes <= WHOLE_READ_MAX_BYTES:
+            data = f.read(WHOLE_READ_MAX_BYTES + 1)
+            if len(data) <= WHOLE_READ_MAX_BYTES:
+                for c in chunker.cut_buf(data) if data else ():
+                    yield ChunkRef(c.offset, c.length, chunk_id(c.data))
+                return
+            f.seek(0)  # it grew past the whole-read size since the fstat: stream it
+        for c in chunker.cut_stream(f):
+            yield ChunkRef(c.offset, c.length, chunk_id(c.data))
