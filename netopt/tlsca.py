@@ -33,7 +33,9 @@ __all__ = [
     "CA_CERT",
     "CA_KEY",
     "IssuedPair",
+    "ServerFiles",
     "issue_cert",
+    "issue_server_files",
     "load_ca",
     "make_ca",
     "node_files",
@@ -167,6 +169,38 @@ def write_files(files: dict[Path, bytes], *, force: bool) -> None:
             raise StorageError(f"cannot create {path.parent}: {exc.strerror}") from exc
     for path, data in files.items():
         atomic_write_bytes(path, data, mode=0o600)
+
+
+@dataclass(frozen=True)
+class ServerFiles:
+    """Where `issue_server_files` wrote a CA certificate and one node's pair."""
+
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+    def server_args(self) -> list[str]:
+        """The listener's options (``netopt serve``, agent, coordinator)."""
+        return ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+
+    def client_args(self) -> list[str]:
+        """A client's option to verify that listener."""
+        return ["--tls-ca", str(self.ca_cert)]
+
+
+def issue_server_files(
+    directory: Path, node: str, *, ips: Sequence[str] = (), dns: Sequence[str] = ()
+) -> ServerFiles:
+    """A new throwaway CA and ``node``'s certificate for ``ips``/``dns``, written into
+    ``directory`` (the CA key is not kept): what benchmarks and tests run their
+    servers with, so they run with TLS on as users do."""
+    now = dt.datetime.now(dt.UTC)
+    ca = make_ca(f"{node} throwaway CA", now, days=30)
+    pair = issue_cert(ca, node, now, dns=list(dns), ips=list(ips), days=30)
+    cert, key = node_files(directory, node)
+    ca_cert = directory / CA_CERT
+    write_files({ca_cert: ca.cert_pem, cert: pair.cert_pem, key: pair.key_pem}, force=False)
+    return ServerFiles(ca_cert, cert, key)
 
 
 def read_pair(cert_file: Path, key_file: Path) -> IssuedPair:

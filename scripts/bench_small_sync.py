@@ -12,7 +12,8 @@ clock of the whole command (interpreter start-up included); the JSON keeps each 
 netopt's modules are compiled to bytecode first, as ``pip install`` does: a checkout run
 with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile every module on every call
 (~0.15 s here) and measure that instead. Prints a table (each run, the median, the goal
-and the share of it) and writes JSON.
+and the share of it) and writes JSON. The server and client speak TLS with a token,
+as users run them (a throwaway cluster CA); ``--plaintext`` drops both.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ from typing import Any
 import yaml
 
 from netopt.lab import Lab
+from netopt.tlsca import ServerFiles, issue_server_files
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-limit.yaml"
 PORT = 7470
+TOKEN = "bench-small-sync-token-0123456789"  # noqa: S105 - a throwaway for the lab
+NETOPT_ENV = {**os.environ, "NETOPT_TOKEN": TOKEN}
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -69,16 +73,18 @@ def wait_port(lab: Lab, node: str, port: int, timeout_s: float = 60) -> None:
     raise RuntimeError(f"nothing listens on {node}:{port} after {timeout_s} s")
 
 
-def one_sync(lab: Lab, url: str, work: Path, timeout_s: float) -> dict[str, Any]:
+def one_sync(
+    lab: Lab, url: str, work: Path, timeout_s: float, tls: ServerFiles | None
+) -> dict[str, Any]:
     dest, cache = work / "dest", work / "cache"
     shutil.rmtree(dest, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
     argv = [sys.executable, "-m", "netopt", "sync", url, str(dest), "--cache-dir", str(cache),
-            "--json"]  # fmt: skip
+            "--json", *(tls.client_args() if tls is not None else [])]  # fmt: skip
     started_s = time.monotonic()
     trace_path = work / "trace.json"
     trace_path.unlink(missing_ok=True)
-    env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
+    env = {**NETOPT_ENV, "NETOPT_TRACE": str(trace_path)}
     proc = lab.popen(
         "hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -102,6 +108,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=60)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--plaintext", action="store_true", help="no TLS, no token")
     parser.add_argument("--prefix", help="lab prefix (namespace names); default: a random one")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -116,12 +123,14 @@ def main() -> int:
         size = make_dataset(work / "src", args.size_kb * 1024, args.files)
         with Lab.start(str(args.topology), prefix=args.prefix) as lab:
             srv = lab.address("us-1")
+            tls = None if args.plaintext else issue_server_files(work / "tls", "us-1", ips=[srv])
+            security = ["--no-auth", "--allow-plaintext"] if tls is None else tls.server_args()
             server_log = (work / "serve.log").open("w")
             server = lab.popen(
                 "us-1",
                 [sys.executable, "-m", "netopt", "serve", str(work / "src"), "--name", "ds",
-                 "--no-auth", "--allow-plaintext", "--bind", f"{srv}:{PORT}"],
-                stdout=server_log, stderr=subprocess.STDOUT,
+                 "--bind", f"{srv}:{PORT}", *security],
+                stdout=server_log, stderr=subprocess.STDOUT, env=NETOPT_ENV,
             )  # fmt: skip
             try:
                 try:
@@ -130,7 +139,8 @@ def main() -> int:
                     tail = (work / "serve.log").read_text(errors="replace")[-2000:]
                     raise SystemExit(f"{exc}; netopt serve said:\n{tail}") from None
                 for _ in range(args.runs):
-                    runs.append(one_sync(lab, f"netopt://{srv}:{PORT}/ds", work, args.timeout_s))
+                    url = f"netopt://{srv}:{PORT}/ds"
+                    runs.append(one_sync(lab, url, work, args.timeout_s, tls))
             finally:
                 server.terminate()
                 server.wait(timeout=10)
@@ -150,8 +160,8 @@ def main() -> int:
     print(f"median {median_s:.3f} s for {size / 1e6:.2f} MB in {args.files} file(s): "
           f"{median_s / goal_s:.2f} x the goal ({verdict} it)")  # fmt: skip
     if args.json_out is not None:
-        doc = {"topology": str(args.topology), "rtt_ms": rtt_ms, "bytes": size,
-               "files": args.files, "goal_s": goal_s, "median_wall_s": median_s,
+        doc = {"topology": str(args.topology), "rtt_ms": rtt_ms, "tls": tls is not None,
+               "bytes": size, "files": args.files, "goal_s": goal_s, "median_wall_s": median_s,
                "meets_goal": median_s < goal_s, "runs": runs}  # fmt: skip
         args.json_out.write_text(json.dumps(doc, indent=2))
     return 0

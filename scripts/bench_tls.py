@@ -30,7 +30,6 @@ client's and the server's CPU seconds per GB of dataset, and TLS over plain for 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import resource
@@ -48,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(REPO / "scripts"))
 
-from netopt.tlsca import issue_cert, make_ca, node_files, write_files  # noqa: E402
+from netopt.tlsca import ServerFiles, issue_server_files  # noqa: E402
 
 TOKEN = "bench-tls-token-0123456789"  # noqa: S105 - a throwaway for loopback
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -101,17 +100,6 @@ LAB_PORT = 7470
 IPERF_PORT = 5201
 
 
-def _lab_pki(root: Path, address: str) -> tuple[Path, Path, Path]:
-    """The CA, and us-1's certificate and key for ``address``."""
-    now = dt.datetime.now(dt.UTC)
-    ca = make_ca("bench CA", now)
-    node = issue_cert(ca, "us-1", now, ips=[address])
-    cert, key = node_files(root, "us-1")
-    write_files({root / "ca.pem": ca.cert_pem, cert: node.cert_pem, key: node.key_pem},
-                force=False)  # fmt: skip
-    return root / "ca.pem", cert, key
-
-
 def _lab_iperf3(lab: Any, seconds: int) -> float:
     """``iperf3 -P 8 -R`` hk-1 <- us-1: Mbit/s received."""
     from bench_transfer import stop, wait_port
@@ -129,17 +117,16 @@ def _lab_iperf3(lab: Any, seconds: int) -> float:
 
 
 def _lab_one_run(
-    lab: Any, src: Path, work: Path, tls: bool, pki: tuple[Path, Path, Path],
+    lab: Any, src: Path, work: Path, tls: bool, pki: ServerFiles,
     args: argparse.Namespace,
 ) -> dict[str, Any]:  # fmt: skip
     """One serve + sync over the lab's link: seconds, wire bytes, CPU of each end, the plan."""
     from bench_transfer import proc_cpu_s, stop, wait_port, wire_bytes
 
-    ca, cert, key = pki
     address = lab.address("us-1")
     env = {**os.environ, "PYTHONPATH": str(REPO), "NETOPT_TOKEN": TOKEN}
-    server_tls = ["--tls-cert", str(cert), "--tls-key", str(key)] if tls else ["--allow-plaintext"]
-    client_tls = ["--tls-ca", str(ca)] if tls else ["--insecure"]
+    server_tls = pki.server_args() if tls else ["--allow-plaintext"]
+    client_tls = pki.client_args() if tls else ["--insecure"]
     level = ["--level", str(args.level)] if args.level is not None else []
     server = lab.popen(
         "us-1",
@@ -239,7 +226,7 @@ def main_lab(args: argparse.Namespace) -> int:
         size_mb = args.size_mib * 1024**2 // 1_000_000
         infos = build_corpus(corpus_root, kinds, size_mb, levels=(1, 3))
         with Lab.start(args.topology, prefix=args.prefix) as lab:
-            pki = _lab_pki(root, lab.address("us-1"))
+            pki = issue_server_files(root, "us-1", ips=[lab.address("us-1")])
             for kind in kinds:
                 info = infos[kind]
                 limit_mbps = _lab_iperf3(lab, args.iperf_s)
@@ -293,12 +280,7 @@ def main() -> int:
         return main_lab(args)
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
         root = Path(tmp)
-        now = dt.datetime.now(dt.UTC)
-        ca = make_ca("bench CA", now)
-        node = issue_cert(ca, "bench", now, ips=["127.0.0.1"])
-        cert, key = node_files(root, "bench")
-        write_files({root / "ca.pem": ca.cert_pem, cert: node.cert_pem, key: node.key_pem},
-                    force=False)  # fmt: skip
+        pki = issue_server_files(root, "bench", ips=["127.0.0.1"])
         src = root / "src"
         src.mkdir()
         size_bytes = args.size_mib * 1024**2
@@ -307,8 +289,7 @@ def main() -> int:
                 f.write(os.urandom(1024**2))
         modes = {
             "plain": ([], []),
-            "tls": (["--tls-cert", str(cert), "--tls-key", str(key)],
-                    ["--tls-ca", str(root / "ca.pem")]),
+            "tls": (pki.server_args(), pki.client_args()),
         }  # fmt: skip
         results: dict[str, dict[str, float]] = {}
         runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}

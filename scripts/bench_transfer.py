@@ -13,7 +13,9 @@ a directory, from us-1 to hk-1 with every tool, once with the nodes' default
 congestion control left at bbr and once with reno (loss-based; a namespace cannot
 default to cubic: `tcp_allowed_congestion_control` is `reno bbr`). netopt's server
 sets bbr on its own sockets in both modes: that is the point of comparing against the
-tools' default.
+tools' default. netopt's server and client speak TLS (a throwaway cluster CA, the
+server's certificate for us-1's address) with a token, as users run them; ``--plaintext``
+drops both (scripts/bench_tls.py measures what TLS costs).
 
 The peers run in their strongest configuration: nginx on us-1 (foreground, a
 temp config: ranges, keep-alive, listings) serves curl, ``aria2c -x16 -s16``
@@ -62,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import KINDS, RATIO_LEVELS, KindInfo, build_corpus, print_kinds
 
 from netopt.lab import Lab
+from netopt.tlsca import ServerFiles, issue_server_files
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-transfer.yaml"
@@ -339,10 +342,17 @@ def peer_argv(
     raise ValueError(tool)
 
 
-def serve_argv(info: KindInfo, bind: str) -> list[str]:
-    """``netopt serve`` of the kind's directory on ``bind``, bbr on its sockets."""
+TOKEN = "bench-transfer-token-0123456789"  # noqa: S105 - a throwaway for the lab
+NETOPT_ENV = {**os.environ, "NETOPT_TOKEN": TOKEN}
+"""netopt's server and client: a token, as users run them (with TLS unless --plaintext)."""
+
+
+def serve_argv(info: KindInfo, bind: str, tls: ServerFiles | None) -> list[str]:
+    """``netopt serve`` of the kind's directory on ``bind``, bbr on its sockets, over TLS
+    with the token unless ``tls`` is None (then plaintext, no token)."""
+    security = tls.server_args() if tls is not None else ["--no-auth", "--allow-plaintext"]
     return [sys.executable, "-m", "netopt", "serve", str(info.root), "--name", info.kind,
-            "--no-auth", "--bind", bind, "--cc", "bbr",
+            "--bind", bind, "--cc", "bbr", *security,
             # Server and client share this machine's cores: plan with one for compression.
             "--threads", "1"]  # fmt: skip
 
@@ -382,8 +392,9 @@ def bench_dataset(
         stderr=null,
     )
     servers["netopt"] = lab.popen(
-        "us-1", serve_argv(info, f"{srv}:{PORTS['netopt']}"), stdout=null, stderr=null
-    )
+        "us-1", serve_argv(info, f"{srv}:{PORTS['netopt']}", args.tls), stdout=null,
+        stderr=null, env=NETOPT_ENV,
+    )  # fmt: skip
     publish_log = out_dir / f"publish-{mode}-{name}.log"
     if "netopt-pre" in args.tools:
         # The same server, publishing first: every chunk compressed once at a high level
@@ -392,7 +403,7 @@ def bench_dataset(
             servers["netopt-pre"] = lab.popen(
                 "us-1",
                 [
-                    *serve_argv(info, f"{srv}:{PORTS['netopt-pre']}"),
+                    *serve_argv(info, f"{srv}:{PORTS['netopt-pre']}", args.tls),
                     "--precompress",
                     str(args.precompress),
                     "--chunk-size",
@@ -402,6 +413,7 @@ def bench_dataset(
                 ],
                 stdout=null,
                 stderr=log_file,
+                env=NETOPT_ENV,
             )
     for peer in ("curl", "aria2c", "rclone"):
         servers[peer] = servers["nginx"]
@@ -439,6 +451,7 @@ def bench_dataset(
                     # A fresh chunk cache per run: a warm one would measure the disk.
                     "--cache-dir",
                     str(cache),
+                    *(args.tls.client_args() if args.tls is not None else []),
                 ]
             elif tool == "rsync":
                 # Daemon mode, zstd on the wire (rsync >= 3.2), the whole tree in one run.
@@ -482,11 +495,11 @@ def _run_tool(
 ) -> Row:
     mode, info, dest = where
     name = info.kind
-    env = None
+    env = NETOPT_ENV if tool.startswith("netopt") else None
     trace_path = dest.parent / f"trace-{mode}-{name}.json"
     if tool.startswith("netopt") and args.trace:
         trace_path.unlink(missing_ok=True)
-        env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
+        env = {**NETOPT_ENV, "NETOPT_TRACE": str(trace_path)}
     server_cpu_before_s = proc_cpu_s(server.pid)
     seconds, wire, cpu, timed_out, out, start, rc = run_client(
         lab, argv, args.timeout_s, server.pid, env
@@ -750,6 +763,12 @@ def main() -> int:
     parser.add_argument("--precompress-chunk-mib", type=int, default=4)
     parser.add_argument("--publish-timeout-s", type=float, default=1200.0)
     parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="netopt without TLS and token (default: TLS with the cluster CA and a token, "
+        "as users run it; scripts/bench_tls.py measures the difference)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="print each netopt run's timeline (NETOPT_TRACE, see netopt.dataplane.trace)",
@@ -787,6 +806,9 @@ def main() -> int:
         print(f"corpus ready in {time.monotonic() - t0:.1f} s", flush=True)
         print_kinds(infos.values())
         with Lab.start(args.topology) as lab:
+            args.tls = None
+            if not args.plaintext:
+                args.tls = issue_server_files(work / "tls", "us-1", ips=[lab.address("us-1")])
             for mode in args.modes.split(","):
                 for node in ("hk-1", "us-1"):
                     lab.exec(node, ["sysctl", "-qw", f"net.ipv4.tcp_congestion_control={mode}"])

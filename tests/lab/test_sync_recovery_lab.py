@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from netopt.lab import Lab
+from netopt.tlsca import issue_server_files
 
 PORT = 7495
 DATASET_BYTES = 30_000_000
@@ -37,6 +38,7 @@ FLOWING_BYTES = 2_000_000
 the sync's rate, far more than the retransmitted segments of abandoned connections or
 of one connection whose backed-off timer happened to fire early."""
 SYNC_TIMEOUT_S = 180
+TOKEN = "lab-recovery-token-0123456789"
 
 
 def _netopt(*args: str) -> list[str]:
@@ -70,20 +72,24 @@ def measure_recovery(lab: Lab, root: Path, cut_s: float) -> tuple[float, dict[st
     src.mkdir(parents=True)
     data = os.urandom(DATASET_BYTES)
     (src / "data.bin").write_bytes(data)
+    # TLS and a token, as users run it: recovery includes the new connections' handshakes.
+    address = lab.address("us-1")
+    pki = issue_server_files(root / "tls", "us-1", ips=[address])
+    env = {**os.environ, "NETOPT_TOKEN": TOKEN}
     server = lab.popen("us-1", _netopt(
-        "serve", str(src), "--name", "ds", "--bind", f"0.0.0.0:{PORT}", "--no-auth",
-        "--allow-plaintext",  # the lab network: plaintext explicitly allowed
-    ), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+        "serve", str(src), "--name", "ds", "--bind", f"{address}:{PORT}", *pki.server_args(),
+    ), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)  # fmt: skip
     sync: subprocess.Popen[str] | None = None
     start = _delivered_to_hk(lab)  # the counters run for the lab's life
     try:
         assert server.stdout is not None
         assert "serving" in server.stdout.readline()
-        url = f"netopt://{lab.address('us-1')}:{PORT}/ds"
+        url = f"netopt://{address}:{PORT}/ds"
         sync = lab.popen("hk-1", _netopt(
             "sync", url, str(root / "dst"), "--json", "--cache-dir", str(root / "cache"),
             "--level", "0", "--streams", "8", "--rate-limit-mbps", str(RATE_MBPS),
-        ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            *pki.client_args(),
+        ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
         _wait_delivered(lab, start + CUT_AFTER_BYTES, sync, "the cut")
         lab.set_link("hk", "us", False)
         try:
