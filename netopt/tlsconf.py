@@ -11,7 +11,8 @@ context. `check_listener` refuses a plaintext listener on a non-loopback address
 service was told ``allow_plaintext``.
 
 Clients: the command line (``--tls-ca/--tls-cert/--tls-key/--insecure``) or the agent (its
-``tls:`` section) sets the process's `ClientTls` once with `use_client_tls`; every client
+``tls:`` section, ``insecure`` for its clients apart from the listener's ``allow_plaintext``)
+sets the process's `ClientTls` once with `use_client_tls`; every client
 asks `client_ssl(url, sends_token=...)` where it opens a connection. The rules, in one home:
 
 - ``https://`` is verified against the cluster CA when one is set (the system's CAs
@@ -234,7 +235,8 @@ def client_ssl(url: str, *, sends_token: bool) -> ssl.SSLContext | None:
         if not tls.insecure:
             raise UsageError(
                 f"refusing to send the token in plaintext to {host} ({url}): give the "
-                "cluster CA with --tls-ca (https://, TLS on netopt://), or --insecure"
+                "cluster CA with --tls-ca (https://, TLS on netopt://), or --insecure "
+                "(an agent config's tls.insecure)"
             )
         if host not in _warned_insecure:
             _warned_insecure.add(host)
@@ -334,6 +336,8 @@ class TlsSection(Protocol):
     def require_client_cert(self) -> bool: ...
     @property
     def allow_plaintext(self) -> bool: ...
+    @property
+    def insecure(self) -> bool: ...
 
 
 RELOAD_INTERVAL_S = 30.0
@@ -391,6 +395,6 @@ def section_client_tls(section: TlsSection, where: str) -> ClientTls:
         ca_file=section.ca,
         cert_file=section.cert,
         key_file=section.key,
-        insecure=section.allow_plaintext,
+        insecure=section.insecure,
         where=where,
     )

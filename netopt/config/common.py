@@ -63,8 +63,11 @@ class TlsSettings:
     ca: str | None = None
     require_client_cert: bool = False
     allow_plaintext: bool = False
-    """Listen without TLS on a non-loopback address, and send the token over plain HTTP to
-    non-loopback peers: only on a network you trust (the lab's namespaces)."""
+    """Listen without TLS on a non-loopback address: only on a network you trust."""
+    insecure: bool = False
+    """Let this service's own clients (the agent's reporter, region sharing; ``sync
+    --config``) send the token over plain HTTP to non-loopback peers, warned once per
+    host: the clients' ``--insecure``, apart from the listener's ``allow_plaintext``."""
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):

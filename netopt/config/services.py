@@ -142,6 +142,11 @@ class CoordinatorSettings:
     def __post_init__(self) -> None:
         _check_token(self.token, self.token_file)
         _check_database(self.database, self.database_password_file)
+        if self.tls.insecure:
+            raise Invalid(
+                "tls.insecure", "is set, but the coordinator sends no requests of its own",
+                "no tls.insecure (tls.allow_plaintext is the listener's setting)",
+            )  # fmt: skip
 
 
 def _check_database(database: str, password_file: str | None) -> None:

@@ -35,12 +35,13 @@ from tls_helpers import (
 
 from netopt.config import load_settings
 from netopt.coordinator.server import serve
-from netopt.errors import ConfigError, TlsError
+from netopt.errors import ConfigError, TlsError, UsageError
 from netopt.tlsconf import (
     ClientTls,
     ServerTls,
     client_context,
     client_ssl,
+    section_client_tls,
     server_context,
     use_client_tls,
 )
@@ -210,6 +211,33 @@ def test_the_token_never_goes_in_plaintext_to_another_host(
     finally:
         use_client_tls(ClientTls())
     assert client_ssl("http://127.0.0.1:9/", sends_token=True) is None  # loopback is fine
+
+
+def test_the_agents_listener_setting_does_not_open_its_clients_to_plaintext(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``allow_plaintext`` is the listener's; only ``insecure`` lets the agent's own clients
+    send the token over plain HTTP to another host (checked before any connection)."""
+    config = tmp_path / "agent.yaml"
+    base = "kind: agent\nnode: hk-1\nregion: hk\ntoken: agent-token-0123456789\n"
+    config.write_text(base + "tls: {allow_plaintext: true}\n")
+    use_client_tls(section_client_tls(load_settings(str(config), "agent").tls, "agent.yaml"))
+    try:
+        with pytest.raises(UsageError, match="in plaintext to 198.18.0.3.*tls.insecure"):
+            client_ssl("http://198.18.0.3:9/x", sends_token=True)
+        config.write_text(base + "tls: {insecure: true}\n")
+        section = load_settings(str(config), "agent").tls
+        assert not section.allow_plaintext
+        use_client_tls(section_client_tls(section, "agent.yaml"))
+        with caplog.at_level(logging.WARNING, "netopt.tlsconf"):
+            assert client_ssl("http://198.18.0.3:9/x", sends_token=True) is None
+        assert any("198.18.0.3" in r.getMessage() for r in caplog.records)
+    finally:
+        use_client_tls(ClientTls())
+    coordinator = tmp_path / "c.yaml"
+    coordinator.write_text("kind: coordinator\ntls: {insecure: true}\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml.*tls\.insecure.*sends no requests"):
+        load_settings(str(coordinator), "coordinator")
 
 
 async def test_the_coordinator_serves_mutual_tls_from_its_config(
