@@ -223,7 +223,7 @@ def test_the_agents_listener_setting_does_not_open_its_clients_to_plaintext(
     config.write_text(base + "tls: {allow_plaintext: true}\n")
     use_client_tls(section_client_tls(load_settings(str(config), "agent").tls, "agent.yaml"))
     try:
-        with pytest.raises(UsageError, match="in plaintext to 198.18.0.3.*tls.insecure"):
+        with pytest.raises(UsageError, match=r"in plaintext to 198\.18\.0\.3.*tls\.insecure"):
             client_ssl("http://198.18.0.3:9/x", sends_token=True)
         config.write_text(base + "tls: {insecure: true}\n")
         section = load_settings(str(config), "agent").tls
