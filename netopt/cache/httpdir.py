@@ -26,6 +26,7 @@ from netopt.cache.remotefiles import (
     RemoteFile,
     SpooledChunkSource,
     build_entries,
+    file_mtime_ns,
     load_state,
     save_state,
     spool_dir,
@@ -119,14 +120,14 @@ async def _describe(session: aiohttp.ClientSession, base: str, url: str) -> Remo
         size = int(resp.headers.get("Content-Length", "-1"))
         modified = resp.headers.get("Last-Modified", "")
         validator = f"{size}|{resp.headers.get('ETag', '')}|{modified}"
-    mtime_ns = 0
+    modified_s = None
     if modified:
         try:
-            mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 10**9
+            modified_s = int(email.utils.parsedate_to_datetime(modified).timestamp())
         except (TypeError, ValueError):
-            mtime_ns = 0
+            modified_s = None
     rel = validate_rel_path(unquote(urlsplit(url).path[len(urlsplit(base).path) :]))
-    return RemoteFile(url, rel, size, validator, mtime_ns)
+    return RemoteFile(url, rel, size, validator, file_mtime_ns(modified_s, validator))
 
 
 async def _download(

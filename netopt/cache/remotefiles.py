@@ -10,6 +10,7 @@ spool directory until the sync has taken their chunks.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ __all__ = [
     "RemoteFile",
     "SpooledChunkSource",
     "build_entries",
+    "file_mtime_ns",
     "load_state",
     "save_state",
     "spool_dir",
@@ -53,6 +55,17 @@ class RemoteFile:
     size_bytes: int
     validator: str
     mtime_ns: int
+
+
+def file_mtime_ns(modified_s: int | None, validator: str) -> int:
+    """The mtime a remote file is written with: its whole-second timestamp (S3's
+    LastModified, HTTP's Last-Modified; 0 when there is none) plus a sub-second part
+    taken from ``validator``. DEST's quick check compares (size, mtime): two versions of a
+    file stored within one second, with one size, would look the same with whole seconds
+    alone and the second would never be written; with different ETags they differ here."""
+    digest = hashlib.blake2b(validator.encode("utf-8", "surrogateescape"), digest_size=8)
+    sub_second_ns = int.from_bytes(digest.digest(), "big") % 10**9
+    return (modified_s or 0) * 10**9 + sub_second_ns
 
 
 Download = Callable[[RemoteFile, Path], Awaitable[tuple[Path, int]]]

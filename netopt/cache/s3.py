@@ -27,6 +27,7 @@ from netopt.cache.remotefiles import (
     RemoteFile,
     SpooledChunkSource,
     build_entries,
+    file_mtime_ns,
     load_state,
     save_state,
     spool_dir,
@@ -99,9 +100,9 @@ def remote_from_listing(url: S3Url, state_scope: str, obj: dict[str, Any]) -> Re
         return None
     rel = object_rel_path(url, key)
     modified = obj.get("LastModified")
-    mtime_ns = int(modified.timestamp()) * 10**9 if modified is not None else 0
     stamp = modified.isoformat() if modified is not None else ""
     validator = f"{size_bytes}|{obj.get('ETag', '')}|{stamp}"
+    mtime_ns = file_mtime_ns(int(modified.timestamp()) if modified is not None else None, validator)
     return RemoteFile(
         f"{state_scope}|s3://{url.bucket}/{key}", rel, size_bytes, validator, mtime_ns
     )
