@@ -40,7 +40,15 @@ REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-limit.yaml"
 PORT = 7470
 TOKEN = "bench-small-sync-token-0123456789"  # noqa: S105 - a throwaway for the lab
-NETOPT_ENV = {**os.environ, "NETOPT_TOKEN": TOKEN}
+
+
+def netopt_env(tls: ServerFiles | None) -> dict[str, str]:
+    """netopt's environment: the token with TLS; none in plaintext (the client would
+    refuse to send it in the clear to another host, and the server wants none)."""
+    env = {k: v for k, v in os.environ.items() if k != "NETOPT_TOKEN"}
+    return {**env, "NETOPT_TOKEN": TOKEN} if tls is not None else env
+
+
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -84,7 +92,7 @@ def one_sync(
     started_s = time.monotonic()
     trace_path = work / "trace.json"
     trace_path.unlink(missing_ok=True)
-    env = {**NETOPT_ENV, "NETOPT_TRACE": str(trace_path)}
+    env = {**netopt_env(tls), "NETOPT_TRACE": str(trace_path)}
     proc = lab.popen(
         "hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -130,7 +138,7 @@ def main() -> int:
                 "us-1",
                 [sys.executable, "-m", "netopt", "serve", str(work / "src"), "--name", "ds",
                  "--bind", f"{srv}:{PORT}", *security],
-                stdout=server_log, stderr=subprocess.STDOUT, env=NETOPT_ENV,
+                stdout=server_log, stderr=subprocess.STDOUT, env=netopt_env(tls),
             )  # fmt: skip
             try:
                 try:

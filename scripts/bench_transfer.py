@@ -343,8 +343,13 @@ def peer_argv(
 
 
 TOKEN = "bench-transfer-token-0123456789"  # noqa: S105 - a throwaway for the lab
-NETOPT_ENV = {**os.environ, "NETOPT_TOKEN": TOKEN}
-"""netopt's server and client: a token, as users run them (with TLS unless --plaintext)."""
+
+
+def netopt_env(tls: ServerFiles | None) -> dict[str, str]:
+    """netopt's server and client environment: the token with TLS, as users run them; none
+    in plaintext (the client would refuse to send it in the clear to another host)."""
+    env = {k: v for k, v in os.environ.items() if k != "NETOPT_TOKEN"}
+    return {**env, "NETOPT_TOKEN": TOKEN} if tls is not None else env
 
 
 def serve_argv(info: KindInfo, bind: str, tls: ServerFiles | None) -> list[str]:
@@ -393,7 +398,7 @@ def bench_dataset(
     )
     servers["netopt"] = lab.popen(
         "us-1", serve_argv(info, f"{srv}:{PORTS['netopt']}", args.tls), stdout=null,
-        stderr=null, env=NETOPT_ENV,
+        stderr=null, env=netopt_env(args.tls),
     )  # fmt: skip
     publish_log = out_dir / f"publish-{mode}-{name}.log"
     if "netopt-pre" in args.tools:
@@ -413,7 +418,7 @@ def bench_dataset(
                 ],
                 stdout=null,
                 stderr=log_file,
-                env=NETOPT_ENV,
+                env=netopt_env(args.tls),
             )
     for peer in ("curl", "aria2c", "rclone"):
         servers[peer] = servers["nginx"]
@@ -495,11 +500,11 @@ def _run_tool(
 ) -> Row:
     mode, info, dest = where
     name = info.kind
-    env = NETOPT_ENV if tool.startswith("netopt") else None
+    env = netopt_env(args.tls) if tool.startswith("netopt") else None
     trace_path = dest.parent / f"trace-{mode}-{name}.json"
     if tool.startswith("netopt") and args.trace:
         trace_path.unlink(missing_ok=True)
-        env = {**NETOPT_ENV, "NETOPT_TRACE": str(trace_path)}
+        env = {**netopt_env(args.tls), "NETOPT_TRACE": str(trace_path)}
     server_cpu_before_s = proc_cpu_s(server.pid)
     seconds, wire, cpu, timed_out, out, start, rc = run_client(
         lab, argv, args.timeout_s, server.pid, env
