@@ -9,7 +9,10 @@ The CLI calls `start` before it imports the sync machinery. Threads (stdlib only
 blocking socket calls release the GIL while imports run) connect the first data
 sockets and fetch the info and the manifest meanwhile. Later, `take_meta` hands the
 answers to `netopt.dataplane.client.fetch_info_and_manifest`, and `take_socket` the
-connected sockets to its connection factory. Whatever is missing, late or failed is
+connected sockets to its connection factory. Under TLS (a cluster CA set) the info and
+manifest come over TLS, verified with the normal path's client context, and the data
+sockets are plain TCP over which the engine runs its TLS handshake (a TLS session cannot
+move from a thread's socket into asyncio). Whatever is missing, late or failed is
 done the normal way, which also reports any error: a prefetch never decides anything,
 and its answers go through the same validation as the normal path's.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -35,7 +39,8 @@ from netopt.dataplane.limits import (
     check_manifest_shape,
 )
 from netopt.dataplane.sockets import try_congestion_control
-from netopt.tlsconf import current_client_tls, is_loopback
+from netopt.errors import ConfigError
+from netopt.tlsconf import client_context, current_client_tls, is_loopback
 
 # asyncio and http.client are imported where used: `start` runs before them.
 
@@ -99,6 +104,10 @@ class _Prefetch:
     name: str
     token: str | None
     timeout_s: float
+    context: ssl.SSLContext | None = None
+    """The cluster CA's client context: the info and manifest come over TLS, verified as
+    the normal path verifies them (the data sockets are plain TCP: the engine's own TLS
+    handshake runs over them)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     threads: list[threading.Thread] = field(default_factory=list)
     answers: dict[str, tuple[Any, float, int]] = field(default_factory=dict)
@@ -110,11 +119,19 @@ class _Prefetch:
     def fetch(self, key: str, path: str, max_bytes: int) -> None:
         import http.client
 
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        conn: http.client.HTTPConnection
+        if self.context is not None:
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.timeout_s, context=self.context
+            )
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         try:
             start_s = time.monotonic()
             conn.connect()
-            self._handshake(conn.sock, time.monotonic() - start_s)
+            # Over TLS the connect took the TLS handshake's round trips too: only the
+            # kernel's figure of the TCP handshake counts then.
+            self._handshake(conn.sock, time.monotonic() - start_s, self.context is None)
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
             asked_s = time.monotonic()
             conn.request("GET", path, headers=headers)
@@ -131,14 +148,18 @@ class _Prefetch:
                 with self.lock:
                     self.answers[key] = (doc, first_byte_s, len(body))
         except (OSError, ValueError, RecursionError, http.client.HTTPException, BodyTooLarge):
+            # (ssl.SSLError and certificate failures are OSErrors)
             pass  # the normal path asks again and reports what is wrong
         finally:
             conn.close()
 
-    def _handshake(self, sock: socket.socket | None, elapsed_s: float) -> None:
+    def _handshake(
+        self, sock: socket.socket | None, elapsed_s: float, elapsed_is_rtt: bool = True
+    ) -> None:
         """Note one handshake: the kernel's RTT of it where it has one (a thread's clock
-        also counts the wait for the interpreter lock while imports run)."""
-        rtt_s = elapsed_s
+        also counts the wait for the interpreter lock while imports run); without one,
+        ``elapsed_s`` when it is a single round trip (not after a TLS handshake)."""
+        rtt_s = elapsed_s if elapsed_is_rtt else None
         if sock is not None:
             try:
                 raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCPI_RTT_OFFSET + 4)
@@ -147,6 +168,8 @@ class _Prefetch:
                 kernel_us = 0
             if 0 < kernel_us <= elapsed_s * 1e6:
                 rtt_s = kernel_us / 1e6
+        if rtt_s is None:
+            return
         with self.lock:
             self.handshakes_s.append(rtt_s)
 
@@ -198,13 +221,19 @@ def start(
     if parts.scheme != "netopt" or not host or port is None or not name or "/" in name:
         return False
     tls = current_client_tls()
-    if tls.enabled or (token and not is_loopback(host) and not tls.insecure):
-        # TLS: the engine's own handshake; a token the plaintext rule would refuse: the
-        # normal path refuses it, with the reason, before any byte is sent.
+    context = None
+    if tls.enabled:
+        try:
+            context = client_context(tls)
+        except (ConfigError, OSError, ValueError):
+            return False  # a CA or key file that does not load: the normal path says so
+    elif token and not is_loopback(host) and not tls.insecure:
+        # A token the plaintext rule would refuse: the normal path refuses it, with the
+        # reason, before any byte is sent.
         return False
     discard()
     trace.mark("prefetch_start")
-    pre = _Prefetch(host, port, name, token, timeout_s)
+    pre = _Prefetch(host, port, name, token, timeout_s, context)
     quoted = urllib.parse.quote(name, safe="")
     jobs: list[tuple[Any, tuple[Any, ...]]] = [
         (pre.fetch, ("info", f"/v1/datasets/{quoted}", MAX_INFO_BYTES)),

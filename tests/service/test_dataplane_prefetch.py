@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from dataplane_helpers import CPU, FAST, TOKEN, check_tree, make_dataset, start
+from dataplane_helpers import CHUNK_BYTES, CPU, FAST, TOKEN, check_tree, make_dataset, start
 from test_dataplane_server import _evil_app
+from tls_helpers import make_pki
 
 from netopt.dataplane import prefetch
 from netopt.dataplane.client import ClientOptions, sync_url
-from netopt.errors import AuthenticationError, PathTraversalError
+from netopt.dataplane.served import load_dataset
+from netopt.dataplane.server import ServeSettings, ServeStats, create_app, start_server
+from netopt.errors import AuthenticationError, PathTraversalError, TlsError
+from netopt.tlsconf import ClientTls, ServerTls, server_context, use_client_tls
+from netopt.transfer.manifest import Manifest
 
 CLIENT = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=5)
 
@@ -125,3 +130,72 @@ def test_start_ignores_what_is_not_a_dataset_url() -> None:
                 "netopt://h:80/", "netopt://h:80/a/b", "/some/dir"):  # fmt: skip
         assert not prefetch.start(url, None, 1), url
     assert prefetch._pending is None
+
+
+async def _tls_server(
+    root: Path, pki_root: Path
+) -> tuple[web.AppRunner, int, ServeStats, Manifest, Path]:
+    """A real data-plane server over TLS (a certificate for 127.0.0.1): runner, port,
+    stats, manifest and the CA file that verifies it."""
+    pki = make_pki(pki_root)
+    node = pki.issue("srv")
+    dataset = load_dataset(root, "ds", CHUNK_BYTES)
+    stats = ServeStats()
+    app = create_app(ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU, stats)
+    ctx = server_context(ServerTls(str(node.cert), str(node.key), None, False, "test"))
+    runner, port = await start_server(app, "127.0.0.1", 0, ssl_context=ctx)
+    return runner, port, stats, dataset.manifest, pki.ca
+
+
+async def test_under_tls_the_answers_come_over_tls_and_the_sockets_are_used(
+    tmp_path: Path,
+) -> None:
+    """With the cluster CA set, the info and manifest are fetched over verified TLS during
+    start-up and the data sockets are connected (the engine's TLS runs over them)."""
+    files = make_dataset(tmp_path / "src")
+    runner, port, stats, manifest, ca = await _tls_server(tmp_path / "src", tmp_path / "pki")
+    use_client_tls(ClientTls(ca_file=str(ca)))
+    try:
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 4)
+        await _settle()
+        summary, _ = await _sync(port, tmp_path / "dst")
+        check_tree(tmp_path / "dst", files)
+        assert summary.logical_bytes == manifest.total_bytes
+        assert sum(stats.chunk_requests.values()) == len(manifest.unique_chunks())
+        assert prefetch.STATS["meta_used"] == 1
+        assert prefetch.STATS["sockets_used"] >= 1
+        assert prefetch.STATS["sockets_used"] + prefetch.STATS["sockets_discarded"] == 4
+    finally:
+        use_client_tls(ClientTls())
+        await runner.cleanup()
+
+
+async def test_under_tls_a_server_the_ca_did_not_sign_gets_nothing_from_the_prefetch(
+    tmp_path: Path,
+) -> None:
+    """The prefetch verifies as the normal path does: against another CA its requests fail
+    (the token is never sent), nothing is used, and the normal path names the cause."""
+    make_dataset(tmp_path / "src")
+    runner, port, _, _, _ = await _tls_server(tmp_path / "src", tmp_path / "pki")
+    other = make_pki(tmp_path / "other", "another CA")
+    use_client_tls(ClientTls(ca_file=str(other.ca)))
+    try:
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
+        await _settle()
+        with pytest.raises(TlsError, match="certificate"):
+            await _sync(port, tmp_path / "dst")
+        assert prefetch.STATS["meta_used"] == 0
+    finally:
+        use_client_tls(ClientTls())
+        await runner.cleanup()
+
+
+def test_under_tls_a_ca_file_that_does_not_load_starts_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate\n")
+    use_client_tls(ClientTls(ca_file=str(bad)))
+    try:
+        assert not prefetch.start("netopt://127.0.0.1:9/ds", TOKEN, 2)
+        assert prefetch._pending is None
+    finally:
+        use_client_tls(ClientTls())
