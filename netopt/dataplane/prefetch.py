@@ -31,10 +31,10 @@ from netopt.dataplane import trace
 from netopt.dataplane.limits import (
     MAX_INFO_BYTES,
     MAX_MANIFEST_BYTES,
-    BodyTooLarge,
     check_manifest_shape,
 )
 from netopt.dataplane.sockets import try_congestion_control
+from netopt.errors import ProtocolError
 from netopt.tlsconf import current_client_tls, is_loopback
 
 # asyncio and http.client are imported where used: `start` runs before them.
@@ -116,6 +116,8 @@ class _Prefetch:
             conn.connect()
             self._handshake(conn.sock, time.monotonic() - start_s)
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            if key == "manifest":
+                headers["Accept-Encoding"] = "zstd"  # manifestwire.ACCEPT_ZSTD
             asked_s = time.monotonic()
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
@@ -125,12 +127,13 @@ class _Prefetch:
                 return
             body = resp.read(max_bytes + 1)
             if resp.status == 200 and len(body) <= max_bytes:
+                text: bytes | bytearray = body
                 if key == "manifest":
-                    check_manifest_shape(body)
-                doc = json.loads(body)
+                    text = _manifest_json(body, resp.getheader("Content-Encoding"), max_bytes)
+                doc = json.loads(text)
                 with self.lock:
                     self.answers[key] = (doc, first_byte_s, len(body))
-        except (OSError, ValueError, RecursionError, http.client.HTTPException, BodyTooLarge):
+        except (OSError, ValueError, RecursionError, http.client.HTTPException, ProtocolError):
             pass  # the normal path asks again and reports what is wrong
         finally:
             conn.close()
@@ -173,6 +176,19 @@ class _Prefetch:
                 sock.close()
             else:
                 self.sockets.append(sock)
+
+
+def _manifest_json(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes | bytearray:
+    """The manifest JSON of a response, decoded as the normal path decodes it (bounded,
+    see `netopt.dataplane.manifestwire`) and its shape checked; ProtocolError."""
+    text: bytes | bytearray = body
+    if content_encoding is not None:
+        # Imported here, in the thread: zstandard is not loaded before `start` returns.
+        from netopt.dataplane.manifestwire import decode_manifest_body
+
+        text = decode_manifest_body(body, content_encoding, max_bytes, "prefetched manifest")
+    check_manifest_shape(text)
+    return text
 
 
 _pending: _Prefetch | None = None
