@@ -188,9 +188,7 @@ async def test_a_refused_write_fails_the_sync_and_the_next_sync_finishes_it(
     assert (store / victim).read_bytes() == files["victim/v.bin"]
     immutable.clear(dest / "victim")
     asked_before = source.asked[victim]
-    summary = await sync_manifest(
-        manifest, source, DirChunkSink(store, fsync=False), dest, FAST
-    )
+    summary = await sync_manifest(manifest, source, DirChunkSink(store, fsync=False), dest, FAST)
     assert source.asked[victim] == asked_before  # resumed from the store, not fetched
     assert summary.files_written + summary.files_skipped == len(files)
     for rel, data in files.items():
