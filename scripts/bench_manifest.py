@@ -17,8 +17,9 @@ the checks), each time over a fresh connection as a sync's start does. Reported:
 body's bytes on the wire, the first fetch and the median of the others (s), and the
 server's CPU (user + system, from /proc) for the first request and per later request.
 
-``--lab TOPOLOGY`` runs the server on us-1 and the client on hk-1 of a lab built from
-TOPOLOGY (default bench-limit: 80 Mbit/s, 140 ms RTT, 1% loss); needs root.
+``--lab TOPOLOGY`` runs the server on us-1 (its default congestion control, bbr) and
+the client on hk-1 of a lab built from TOPOLOGY (configs/lab/bench-limit.yaml: 80
+Mbit/s, 140 ms RTT, 1% loss); needs root.
 Prints a table and writes JSON.
 """
 
@@ -78,10 +79,10 @@ def _start_serve(
 ) -> tuple[subprocess.Popen[Any], str, int]:
     env = {**os.environ, "PYTHONPATH": str(repo)}
     argv = [sys.executable, "-m", "netopt", "serve", str(src), "--name", "ds", "--no-auth",
-            "--chunk-size", "65536", "--cc", "default"]  # fmt: skip
+            "--chunk-size", "65536"]  # fmt: skip
     if lab is None:
         proc = subprocess.Popen(
-            [*argv, "--bind", "127.0.0.1:0"], cwd=repo, env=env,
+            [*argv, "--cc", "default", "--bind", "127.0.0.1:0"], cwd=repo, env=env,
             stdout=subprocess.PIPE, stderr=log_path.open("w"), text=True,
         )  # fmt: skip
         assert proc.stdout is not None
