@@ -254,7 +254,7 @@ async def dataset_info(request: web.Request) -> web.Response:
 async def dataset_manifest(request: web.Request) -> web.Response:
     """The manifest's canonical JSON, as one zstd frame (``Content-Encoding: zstd``) when
     the request accepts zstd, else plain; both encoded once per version (`MANIFESTS`).
-    ``ETag`` and `VERSION_HEADER` name the version; ``If-None-Match`` naming it: 304."""
+    ``ETag`` names the version (its ``manifest_id``); ``If-None-Match`` naming it: 304."""
     ds = await _fresh_dataset(request)
     loop = asyncio.get_running_loop()
     executor = request.app[EXECUTOR]
@@ -262,7 +262,7 @@ async def dataset_manifest(request: web.Request) -> web.Response:
         request.match_info["name"], ds.manifest, lambda fn: loop.run_in_executor(executor, fn)
     )
     etag = f'"{encoded.manifest_id}"'
-    headers = {"ETag": etag, VERSION_HEADER: encoded.manifest_id, "Vary": "Accept-Encoding"}
+    headers = {"ETag": etag, "Vary": "Accept-Encoding"}
     if etag in request.headers.get("If-None-Match", "").replace(" ", "").split(","):
         return web.Response(status=304, headers=headers)
     if accepts_zstd(request.headers.get("Accept-Encoding")):
