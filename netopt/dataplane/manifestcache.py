@@ -3,16 +3,20 @@
 Before, every manifest request serialized the whole manifest again (a 100k-file
 tree: ~18 MB of JSON, about a second of the server's CPU) and sent it uncompressed.
 `ManifestEncodings` keeps, per dataset, the encoded forms of the last
-`VERSIONS_KEPT` versions (the current one and the one before: clients that started
-on it may still ask), made in the server's thread pool, once per version however many
-requests arrive together. A dataset's older versions, and datasets beyond
-`DATASETS_KEPT`, are forgotten: memory stays bounded on a server whose files keep
+`VERSIONS_KEPT` versions (the current one and the one before, while requests that
+started on it still hold it), made in the server's thread pool, once per version
+however many requests arrive together. A version is known by its `Manifest` object
+(a served dataset keeps one per version; the cache holds it weakly, so it never
+keeps an old version's file entries alive), and forgotten once that object is gone,
+once `VERSIONS_KEPT` newer ones were encoded, or when its dataset is beyond the
+`DATASETS_KEPT` asked for last: memory stays bounded on a server whose files keep
 changing or an agent whose cache holds many datasets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,7 +40,6 @@ RunInThread = Callable[[Callable[[], "EncodedManifest"]], Awaitable["EncodedMani
 class EncodedManifest:
     """One manifest version as the manifest route sends it."""
 
-    manifest: Manifest
     manifest_id: str
     plain: bytes
     """The canonical JSON (`Manifest.canonical_json`: the same bytes, not a copy)."""
@@ -47,12 +50,12 @@ class EncodedManifest:
 def encode(manifest: Manifest) -> EncodedManifest:
     """``manifest``'s id, canonical JSON and zstd frame (blocking: CPU)."""
     plain = manifest.canonical_json
-    return EncodedManifest(manifest, manifest.manifest_id, plain, compress_manifest(plain))
+    return EncodedManifest(manifest.manifest_id, plain, compress_manifest(plain))
 
 
 @dataclass(frozen=True)
 class _Held:
-    manifest: Manifest
+    manifest: weakref.ref[Manifest]
     encoding: asyncio.Future[EncodedManifest]
 
 
@@ -85,10 +88,12 @@ class ManifestEncodings:
         while len(self._by_name) > self._datasets_kept:
             self._by_name.popitem(last=False)
         # By identity: a served dataset keeps one Manifest object per version, so a
-        # lookup never hashes 18 MB of JSON again.
-        entry = next((e for e in held if e.manifest is manifest), None)
+        # lookup never hashes 18 MB of JSON again; versions no one holds are dropped.
+        held[:] = [e for e in held if e.manifest() is not None]
+        entry = next((e for e in held if e.manifest() is manifest), None)
         if entry is None:
-            entry = _Held(manifest, asyncio.ensure_future(run(partial(self._encode, manifest))))
+            encoding = asyncio.ensure_future(run(partial(self._encode, manifest)))
+            entry = _Held(weakref.ref(manifest), encoding)
             held.append(entry)
             del held[: -self._versions_kept]
         try:

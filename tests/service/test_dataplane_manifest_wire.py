@@ -300,7 +300,8 @@ async def test_the_encoding_follows_the_dataset_versions(tmp_path: Path) -> None
             small = next(f for f in manifest.files if f.path == "text/nested/small.txt")
             assert small.size_bytes == len(b"version %d\n" % version)
             assert encodings.encoded == version
-            assert encodings.versions_held("ds") == 2
+            # At most the current and the previous version (this one while still held).
+            assert 1 <= encodings.versions_held("ds") <= 2
         # Nothing changed: the held encoding is sent again.
         again, _ = await _fetch(port)
         assert again == live.manifest
