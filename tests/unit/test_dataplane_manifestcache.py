@@ -37,8 +37,8 @@ async def test_many_requests_for_one_version_encode_it_once() -> None:
 async def test_two_versions_are_kept_and_a_dropped_version_is_not_held_alive() -> None:
     encodings = ManifestEncodings(versions_kept=2)
     kept = [_manifest(i) for i in range(4)]
-    for manifest in kept:
-        await encodings.get("ds", manifest, _in_thread)
+    for i in range(4):
+        await encodings.get("ds", kept[i], _in_thread)
     assert encodings.versions_held("ds") == 2
     await encodings.get("ds", kept[3], _in_thread)
     await encodings.get("ds", kept[2], _in_thread)
