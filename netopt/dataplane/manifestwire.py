@@ -28,10 +28,12 @@ __all__ = [
     "decode_manifest_body",
 ]
 
-MANIFEST_ZSTD_LEVEL = 3
-"""zstd level of a served manifest. Measured on a 100k-file manifest (18 MB of JSON):
-level 1 ~40 ms, 3 ~110 ms, 6 ~260 ms, 19 ~17 s, ratios 3.5-4.2x; paid once per version,
-so 3 (zstd's default) costs nothing a request waits on."""
+MANIFEST_ZSTD_LEVEL = 1
+"""zstd level of a served manifest. Measured on the manifests of trees of 1-4 KB files
+(`scripts/bench_manifest.py`'s, 20k / 100k files: 3.5 / 17.6 MB of JSON): level 1
+7 / 31 ms at 3.62x; 3: 17 / 76 ms at 3.31x; 7-15 are slower and no smaller (3.2-3.4x,
+the chunk names are random hex); 19: 2.3 / 14 s at 4.0x, too long a wait for the first
+request after a change. Paid once per version."""
 
 ACCEPT_ZSTD = "zstd"
 """The ``Accept-Encoding`` a netopt client sends for a manifest."""
