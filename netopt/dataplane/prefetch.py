@@ -66,6 +66,12 @@ STATS: Counter[str] = Counter()
 TAKE_WAIT_S = 0.3
 """How long `take_meta` waits for answers still in flight before the normal path runs."""
 
+BODY_WAIT_S = 10.0
+"""How long `take_meta` waits, past `TAKE_WAIT_S`, for an answer whose body is arriving
+(its 200 headers came): asking again would send the same bytes again over a cold
+connection (a large manifest on a long link takes seconds), and the normal path's
+hedge would add a third copy. Each read of the body still times out on its own."""
+
 
 @dataclass(frozen=True)
 class MetaAnswer:
@@ -102,6 +108,8 @@ class _Prefetch:
     lock: threading.Lock = field(default_factory=threading.Lock)
     threads: list[threading.Thread] = field(default_factory=list)
     answers: dict[str, tuple[Any, float, int]] = field(default_factory=dict)
+    receiving: set[str] = field(default_factory=set)
+    """Answers whose 200 headers came and whose body is being read."""
     sockets: list[socket.socket] = field(default_factory=list)
     handshakes_s: list[float] = field(default_factory=list)
     """Round trips of the handshakes this prefetch made itself (data sockets and requests)."""
@@ -122,6 +130,9 @@ class _Prefetch:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
             first_byte_s = time.monotonic() - asked_s
+            if resp.status == 200:
+                with self.lock:
+                    self.receiving.add(key)
             # Never more than the normal path would read: over that, it asks and refuses.
             if resp.length is not None and resp.length > max_bytes:
                 return
@@ -245,18 +256,27 @@ def _matching(host: str, port: int, name: str | None = None) -> _Prefetch | None
 async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaAnswer | None:
     """The prefetched info and manifest of ``name`` at ``host:port``, fetched with
     ``token``; None when there was no such prefetch, it failed, or it is not done
-    within `TAKE_WAIT_S`. Each answer is handed out once."""
+    within `TAKE_WAIT_S` (`BODY_WAIT_S` for one whose body is arriving). Each answer is
+    handed out once."""
     import asyncio
 
     pre = _matching(host, port, name)
     if pre is None or pre.token != token:
         return None
     deadline_s = time.monotonic() + TAKE_WAIT_S
-    fetchers = pre.threads[:2]
-    for thread in fetchers:
+    fetchers = dict(zip(("info", "manifest"), pre.threads[:2], strict=False))
+    for thread in fetchers.values():
         left_s = deadline_s - time.monotonic()
         if thread.is_alive() and left_s > 0:
             await asyncio.to_thread(thread.join, left_s)
+    for key, thread in fetchers.items():
+        with pre.lock:
+            arriving = key in pre.receiving
+            failed = any(not t.is_alive() and k not in pre.answers for k, t in fetchers.items())
+        if failed:
+            break  # the normal path asks for both anyway
+        if thread.is_alive() and arriving:
+            await asyncio.to_thread(thread.join, BODY_WAIT_S)
     with pre.lock:
         info = pre.answers.pop("info", None)
         manifest = pre.answers.pop("manifest", None)

@@ -231,6 +231,15 @@ async def test_the_valid_frame_the_hostile_cases_tamper_with_is_accepted(tmp_pat
     assert manifest.canonical_json == valid
 
 
+async def _real_answer(port: int, path: str) -> bytes:
+    """The real server's answer to ``path`` (a hostile server passes it on)."""
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as http_,
+        http_.get(f"http://127.0.0.1:{port}{path}") as resp,
+    ):
+        return await resp.read()
+
+
 async def test_netopt_sync_against_a_manifest_bomb_fails_cleanly(tmp_path: Path) -> None:
     """A real ``netopt sync`` (its start-up prefetch decodes the manifest too) against a
     server whose manifest is a 1 GiB bomb, over the default 128 MB cap: exit 1, a
@@ -240,10 +249,8 @@ async def test_netopt_sync_against_a_manifest_bomb_fails_cleanly(tmp_path: Path)
     bomb = _rle_frame(1 << 30)
 
     async def proxy_info(request: web.Request) -> web.Response:
-        async with aiohttp.ClientSession(headers=AUTH) as http_:
-            url = f"http://127.0.0.1:{real_port}{request.path}"
-            async with http_.get(url) as resp:
-                return web.Response(body=await resp.read(), content_type="application/json")
+        body = await _real_answer(real_port, request.path)
+        return web.Response(body=body, content_type="application/json")
 
     async def manifest(_: web.Request) -> web.Response:
         return web.Response(body=bomb, headers={"Content-Encoding": "zstd"})
@@ -352,3 +359,65 @@ async def test_the_start_up_prefetch_drops_a_bomb_and_leaves_it_to_the_normal_pa
         await runner.cleanup()
     # The prefetch's cap is the default 128 MB: decoding stops there, not at 1 GiB.
     assert peak_bytes < 2 * MAX_MANIFEST_BYTES + 16 * 1024 * 1024, peak_bytes
+
+
+async def _slow_manifest_server(
+    tmp_path: Path, body_delay_s: float, info_status: int = 200
+) -> tuple[web.AppRunner, web.AppRunner, int, Manifest]:
+    """A real server's info and manifest, the manifest's body sent ``body_delay_s`` after
+    its headers (a large manifest on a long link); the info answered ``info_status``."""
+    make_dataset(tmp_path / "src")
+    real, real_port, _, served = await start(tmp_path / "src")
+
+    async def info(request: web.Request) -> web.Response:
+        body = await _real_answer(real_port, request.path)
+        return web.Response(body=body, status=info_status, content_type="application/json")
+
+    async def manifest(request: web.Request) -> web.StreamResponse:
+        frame = zstandard.ZstdCompressor().compress(served.canonical_json)
+        resp = web.StreamResponse(headers={"Content-Encoding": "zstd"})
+        resp.content_length = len(frame)
+        await resp.prepare(request)
+        await asyncio.sleep(body_delay_s)
+        await resp.write(frame)
+        return resp
+
+    runner, port = await serve_routes(
+        [web.get("/v1/datasets/{name}", info), web.get("/v1/datasets/{name}/manifest", manifest)]
+    )
+    return real, runner, port, served
+
+
+async def test_the_prefetch_is_waited_for_while_its_manifest_body_arrives(tmp_path: Path) -> None:
+    """Past `TAKE_WAIT_S`, a manifest whose body is arriving is waited for (asking again
+    would send it twice, the hedge a third time); without its info, it is not."""
+    delay_s = prefetch.TAKE_WAIT_S + 0.7
+    real, runner, port, served = await _slow_manifest_server(tmp_path, delay_s)
+    try:
+        prefetch.discard()
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 0)
+        early = await prefetch.take_meta("127.0.0.1", port, "ds", TOKEN)
+    finally:
+        prefetch.discard()
+        await runner.cleanup()
+        await real.cleanup()
+    assert early is not None
+    assert manifest_from_dict(early.manifest) == served
+
+
+async def test_a_failed_prefetched_info_is_not_waited_on_for_its_manifest(
+    tmp_path: Path,
+) -> None:
+    real, runner, port, _ = await _slow_manifest_server(tmp_path, 5.0, info_status=503)
+    try:
+        prefetch.discard()
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 0)
+        await asyncio.sleep(0.2)  # the info's 503 is in
+        started_s = asyncio.get_running_loop().time()
+        assert await prefetch.take_meta("127.0.0.1", port, "ds", TOKEN) is None
+        waited_s = asyncio.get_running_loop().time() - started_s
+    finally:
+        prefetch.discard()
+        await runner.cleanup()
+        await real.cleanup()
+    assert waited_s < 2.0, waited_s
