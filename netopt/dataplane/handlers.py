@@ -30,6 +30,8 @@ from netopt.dataplane.limits import (
     MAX_STREAM_NAMES_QUEUED,
     STREAM_NAME_LINE_BYTES,
 )
+from netopt.dataplane.manifestcache import ManifestEncodings
+from netopt.dataplane.manifestwire import accepts_zstd
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
@@ -41,7 +43,6 @@ from netopt.errors import (
     ValidationError,
 )
 from netopt.names import is_dataset_name, is_hash_id
-from netopt.transfer.manifest import manifest_to_dict
 from netopt.transfer.planner import CpuProfile
 from netopt.transfer.profile import cpu_profile_to_dict
 from netopt.webshell import bearer_refusal, parse_json_document
@@ -51,6 +52,7 @@ __all__ = [
     "CPU",
     "DATASETS",
     "EXECUTOR",
+    "MANIFESTS",
     "SETTINGS",
     "STATS",
     "ServeSettings",
@@ -126,6 +128,8 @@ SETTINGS = web.AppKey("settings", ServeSettings)
 CPU = web.AppKey("cpu", CpuProfile)
 STATS = web.AppKey("stats", ServeStats)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
+MANIFESTS = web.AppKey("manifests", ManifestEncodings)
+"""The served manifests, encoded once per version (`netopt.dataplane.manifestcache`)."""
 BATCHER = web.AppKey("batcher", ThreadBatcher)
 """The executor's calls for a stream's chunks, batched (`netopt.dataplane.batchrun`)."""
 
@@ -248,8 +252,25 @@ async def dataset_info(request: web.Request) -> web.Response:
 
 
 async def dataset_manifest(request: web.Request) -> web.Response:
+    """The manifest's canonical JSON, as one zstd frame (``Content-Encoding: zstd``) when
+    the request accepts zstd, else plain; both encoded once per version (`MANIFESTS`).
+    ``ETag`` names the version (its ``manifest_id``); ``If-None-Match`` naming it: 304."""
     ds = await _fresh_dataset(request)
-    return web.json_response(manifest_to_dict(ds.manifest))
+    loop = asyncio.get_running_loop()
+    executor = request.app[EXECUTOR]
+    encoded = await request.app[MANIFESTS].get(
+        request.match_info["name"], ds.manifest, lambda fn: loop.run_in_executor(executor, fn)
+    )
+    etag = f'"{encoded.manifest_id}"'
+    headers = {"ETag": etag, "Vary": "Accept-Encoding"}
+    if etag in request.headers.get("If-None-Match", "").replace(" ", "").split(","):
+        return web.Response(status=304, headers=headers)
+    if accepts_zstd(request.headers.get("Accept-Encoding")):
+        headers["Content-Encoding"] = "zstd"
+        body = encoded.zstd
+    else:
+        body = encoded.plain
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:

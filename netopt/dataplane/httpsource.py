@@ -19,11 +19,12 @@ import json
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
+from multidict import CIMultiDict
 
 from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
@@ -42,6 +43,7 @@ from netopt.dataplane.limits import (
     check_manifest_bounds,
     check_manifest_shape,
 )
+from netopt.dataplane.manifestwire import ACCEPT_ZSTD, decode_manifest_body
 from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
 from netopt.dataplane.streaming import VERSION_HEADER, HttpChunkStream, map_errors, read_frame
 from netopt.dataplane.throttle import TokenBucket
@@ -74,6 +76,7 @@ _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/(
 _READ_PIECE_BYTES = 64 * 1024
 _READ_BUFFER_BYTES = 4 * 1024 * 1024
 _ERROR_TEXT_BYTES = 200
+_ACCEPT_ZSTD = {"Accept-Encoding": ACCEPT_ZSTD}
 HANDSHAKE = "tcp handshake"
 FIRST_BYTE = "request time to first byte"
 _CONNECTING: contextvars.ContextVar[Any] = contextvars.ContextVar("netopt_connecting")
@@ -448,16 +451,20 @@ class HttpChunkSource:
         path: str,
         max_bytes: int,
         params: dict[str, str] | None = None,
-        headers_out: dict[str, str] | None = None,
+        headers_out: MutableMapping[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[bytearray, str]:
-        """GET ``path``; the body and its X-Netopt-Codec header (``headers_out``, when
-        given, receives all the response's headers). Errors become netopt's;
+        """GET ``path`` (with ``headers`` added to the request's); the body as it came
+        (never decompressed by aiohttp) and its X-Netopt-Codec header (``headers_out``,
+        when given, receives all the response's headers). Errors become netopt's;
         BodyTooLarge when the body declares or holds more than ``max_bytes``, found
         before the excess is read."""
         session = self._require_session()
         where = f"{self.url} ({self.url.base}{path})"
         try:
-            async with session.get(self.url.base + path, params=params) as resp:
+            async with session.get(
+                self.url.base + path, params=params, headers=headers, auto_decompress=False
+            ) as resp:
                 await self._check_data_response(resp, where)
                 if headers_out is not None:
                     headers_out.update(resp.headers)
@@ -481,12 +488,8 @@ class HttpChunkSource:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise map_errors(exc, where, f"{self.url} is unreachable") from exc
 
-    async def _get_json(
-        self, path: str, max_bytes: int, check: Callable[[bytearray], None] | None = None
-    ) -> Any:
+    async def _get_json(self, path: str, max_bytes: int) -> Any:
         body, _ = await self._get(path, max_bytes)
-        if check is not None:
-            check(body)
         return self.loads(body, path)
 
     def loads(self, body: bytes | bytearray, path: str) -> Any:
@@ -542,14 +545,22 @@ class HttpChunkSource:
         return manifest
 
     async def fetch_manifest(self) -> Manifest:
-        """The dataset's manifest, bounded (see `netopt.dataplane.limits`); BodyTooLarge."""
-        entries = self.options.max_manifest_entries
-        doc = await self._get_json(
-            f"/v1/datasets/{self.url.name}/manifest",
-            self.manifest_limit_bytes(),
-            lambda raw: check_manifest_shape(raw, entries),
-        )
-        return self.manifest_from_doc(doc)
+        """The dataset's manifest, asked for as zstd and decoded into at most
+        `manifest_limit_bytes` (see `netopt.dataplane.manifestwire`); BodyTooLarge over
+        the bounds of `netopt.dataplane.limits`, ProtocolError for a body that is not
+        a manifest in plain JSON or one zstd frame of it."""
+        path = f"/v1/datasets/{self.url.name}/manifest"
+        limit = self.manifest_limit_bytes()
+        headers: CIMultiDict[str] = CIMultiDict()
+        body, _ = await self._get(path, limit, headers_out=headers, headers=_ACCEPT_ZSTD)
+        encoding = ", ".join(headers.getall("Content-Encoding", ())) or None
+        where = f"{self.url} ({self.url.base}{path})"
+        if encoding is None:
+            raw: bytes | bytearray = body
+        else:
+            raw = await asyncio.to_thread(decode_manifest_body, body, encoding, limit, where)
+        check_manifest_shape(raw, self.options.max_manifest_entries)
+        return self.manifest_from_doc(self.loads(raw, path))
 
     async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
         self._other_routes = True

@@ -35,11 +35,10 @@ from netopt.dataplane import trace
 from netopt.dataplane.limits import (
     MAX_INFO_BYTES,
     MAX_MANIFEST_BYTES,
-    BodyTooLarge,
     check_manifest_shape,
 )
 from netopt.dataplane.sockets import try_congestion_control
-from netopt.errors import ConfigError
+from netopt.errors import ConfigError, ProtocolError
 from netopt.tlsconf import client_context, current_client_tls, is_loopback
 
 # asyncio and http.client are imported where used: `start` runs before them.
@@ -70,6 +69,12 @@ STATS: Counter[str] = Counter()
 
 TAKE_WAIT_S = 0.3
 """How long `take_meta` waits for answers still in flight before the normal path runs."""
+
+BODY_WAIT_S = 10.0
+"""How long `take_meta` waits, past `TAKE_WAIT_S`, for an answer whose body is arriving
+(its 200 headers came): asking again would send the same bytes again over a cold
+connection (a large manifest on a long link takes seconds), and the normal path's
+hedge would add a third copy. Each read of the body still times out on its own."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,8 @@ class _Prefetch:
     lock: threading.Lock = field(default_factory=threading.Lock)
     threads: list[threading.Thread] = field(default_factory=list)
     answers: dict[str, tuple[Any, float, int]] = field(default_factory=dict)
+    receiving: set[str] = field(default_factory=set)
+    """Answers whose 200 headers came and whose body is being read."""
     sockets: list[socket.socket] = field(default_factory=list)
     handshakes_s: list[float] = field(default_factory=list)
     """Round trips of the handshakes this prefetch made itself (data sockets and requests)."""
@@ -133,22 +140,28 @@ class _Prefetch:
             # kernel's figure of the TCP handshake counts then.
             self._handshake(conn.sock, time.monotonic() - start_s, self.context is None)
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            if key == "manifest":
+                headers["Accept-Encoding"] = "zstd"  # manifestwire.ACCEPT_ZSTD
             asked_s = time.monotonic()
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
             first_byte_s = time.monotonic() - asked_s
+            if resp.status == 200:
+                with self.lock:
+                    self.receiving.add(key)
             # Never more than the normal path would read: over that, it asks and refuses.
             if resp.length is not None and resp.length > max_bytes:
                 return
             body = resp.read(max_bytes + 1)
             if resp.status == 200 and len(body) <= max_bytes:
+                text: bytes | bytearray = body
                 if key == "manifest":
-                    check_manifest_shape(body)
-                doc = json.loads(body)
+                    text = _manifest_json(body, resp.getheader("Content-Encoding"), max_bytes)
+                doc = json.loads(text)
                 with self.lock:
                     self.answers[key] = (doc, first_byte_s, len(body))
-        except (OSError, ValueError, RecursionError, http.client.HTTPException, BodyTooLarge):
-            # (ssl.SSLError and certificate failures are OSErrors)
+        # (ssl.SSLError and certificate failures are OSErrors)
+        except (OSError, ValueError, RecursionError, http.client.HTTPException, ProtocolError):
             pass  # the normal path asks again and reports what is wrong
         finally:
             conn.close()
@@ -196,6 +209,19 @@ class _Prefetch:
                 sock.close()
             else:
                 self.sockets.append(sock)
+
+
+def _manifest_json(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes | bytearray:
+    """The manifest JSON of a response, decoded as the normal path decodes it (bounded,
+    see `netopt.dataplane.manifestwire`) and its shape checked; ProtocolError."""
+    text: bytes | bytearray = body
+    if content_encoding is not None:
+        # Imported here, in the thread: zstandard is not loaded before `start` returns.
+        from netopt.dataplane.manifestwire import decode_manifest_body
+
+        text = decode_manifest_body(body, content_encoding, max_bytes, "prefetched manifest")
+    check_manifest_shape(text)
+    return text
 
 
 _pending: _Prefetch | None = None
@@ -258,18 +284,27 @@ def _matching(host: str, port: int, name: str | None = None) -> _Prefetch | None
 async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaAnswer | None:
     """The prefetched info and manifest of ``name`` at ``host:port``, fetched with
     ``token``; None when there was no such prefetch, it failed, or it is not done
-    within `TAKE_WAIT_S`. Each answer is handed out once."""
+    within `TAKE_WAIT_S` (`BODY_WAIT_S` for one whose body is arriving). Each answer is
+    handed out once."""
     import asyncio
 
     pre = _matching(host, port, name)
     if pre is None or pre.token != token:
         return None
     deadline_s = time.monotonic() + TAKE_WAIT_S
-    fetchers = pre.threads[:2]
-    for thread in fetchers:
+    fetchers = dict(zip(("info", "manifest"), pre.threads[:2], strict=False))
+    for thread in fetchers.values():
         left_s = deadline_s - time.monotonic()
         if thread.is_alive() and left_s > 0:
             await asyncio.to_thread(thread.join, left_s)
+    for key, thread in fetchers.items():
+        with pre.lock:
+            arriving = key in pre.receiving
+            failed = any(not t.is_alive() and k not in pre.answers for k, t in fetchers.items())
+        if failed:
+            break  # the normal path asks for both anyway
+        if thread.is_alive() and arriving:
+            await asyncio.to_thread(thread.join, BODY_WAIT_S)
     with pre.lock:
         info = pre.answers.pop("info", None)
         manifest = pre.answers.pop("manifest", None)

@@ -5,7 +5,9 @@ TOKEN`` unless the server was started without a token):
 
     GET /v1/health                              {"ok": true}
     GET /v1/datasets/{name}                     info: size, counts, sample and codec profile
-    GET /v1/datasets/{name}/manifest            the manifest (JSON)
+    GET /v1/datasets/{name}/manifest            the manifest (canonical JSON; one zstd frame,
+                                                Content-Encoding: zstd, when the request's
+                                                Accept-Encoding names zstd; ETag: its id)
     GET /v1/datasets/{name}/chunks/{id}?level=N one chunk, zstd level N (0: raw)
     POST /v1/datasets/{name}/batch?level=N      body {"chunks": [id, ...]}: a stream of
                                                 frames (`chunkio.FRAME_HEADER` + payload)
@@ -46,6 +48,7 @@ from netopt.dataplane.handlers import (
     CPU,
     DATASETS,
     EXECUTOR,
+    MANIFESTS,
     SETTINGS,
     STATS,
     ServeSettings,
@@ -58,6 +61,7 @@ from netopt.dataplane.handlers import (
     dataset_stream,
     health,
 )
+from netopt.dataplane.manifestcache import ManifestEncodings
 from netopt.dataplane.served import DatasetView, ServedDataset, load_dataset
 from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ValidationError
@@ -105,6 +109,7 @@ def add_dataplane(
     app[DATASETS] = datasets
     app[CPU] = cpu_profile
     app[STATS] = stats or ServeStats()
+    app[MANIFESTS] = ManifestEncodings()
     app.cleanup_ctx.append(_executor_ctx)
     app.add_routes(
         [

@@ -53,6 +53,16 @@ async def start(
     return runner, port, stats, dataset.manifest
 
 
+async def serve_routes(routes: list[web.RouteDef]) -> tuple[web.AppRunner, int]:
+    """A bare aiohttp app of ``routes`` on a free loopback port (a hostile server)."""
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
 class Proxy:
     """A TCP proxy to ``target_port``; it can cut one connection mid-response or vanish
     (when told, or once ``vanish_after_bytes`` went to the clients over all connections)."""
