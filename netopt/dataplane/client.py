@@ -243,8 +243,20 @@ async def fetch_info_and_manifest(
     """
     url, token = source.url, source.options.token
     source.owns_prefetch = True
-    early = await prefetch.take_meta(url.host, url.port, url.name, token)
+    warm: asyncio.Task[None] | None = None
+    if prefetch.sockets_need_tls(url.host, url.port):
+        # Under TLS the prefetched sockets carry no TLS session yet: their handshakes
+        # start now, while the prefetch's answers are awaited, not at the first chunk.
+        warm = asyncio.create_task(source.warm_up(connections))
+    try:
+        early = await prefetch.take_meta(url.host, url.port, url.name, token)
+    except BaseException:
+        if warm is not None:
+            warm.cancel()
+        raise
     if early is not None:
+        if warm is not None:
+            await warm
         trace.mark("info_manifest")
         source.meta_wire_bytes = early.wire_bytes
         info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
@@ -255,9 +267,14 @@ async def fetch_info_and_manifest(
             async with asyncio.TaskGroup() as tg:
                 info_task = tg.create_task(_hedged(meta.fetch_info))
                 manifest_task = tg.create_task(_hedged(meta.fetch_manifest))
-                tg.create_task(source.warm_up(connections))
+                if warm is None:
+                    tg.create_task(source.warm_up(connections))
         except BaseExceptionGroup as group:
+            if warm is not None:
+                warm.cancel()
             raise first_error(group) from None
+        if warm is not None:
+            await warm
         source.meta_wire_bytes = meta.wire_bytes
     trace.mark("info_manifest")
     info = info_task.result()

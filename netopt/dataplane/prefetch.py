@@ -50,6 +50,7 @@ __all__ = [
     "MetaAnswer",
     "discard",
     "handshake_rtt_s",
+    "sockets_need_tls",
     "start",
     "take_meta",
     "take_socket",
@@ -319,6 +320,13 @@ async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaA
     else:
         rtt_s, source = first_byte_s, "request time to first byte (start-up prefetch)"
     return MetaAnswer(info[0], manifest[0], rtt_s, info[2] + manifest[2], source)
+
+
+def sockets_need_tls(host: str, port: int) -> bool:
+    """True when a prefetch to ``host:port`` connected (or is connecting) data sockets
+    under TLS: their TLS handshakes are still to be made, by the engine."""
+    pre = _matching(host, port)
+    return pre is not None and pre.context is not None and len(pre.threads) > 2
 
 
 def handshake_rtt_s(host: str, port: int) -> float | None:
