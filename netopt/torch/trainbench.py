@@ -91,6 +91,15 @@ class ModelShape:
         layer = (3 * d * d + 3 * d) + (d * d + d) + (8 * d * d + 5 * d) + 4 * d
         return VOCAB * d + self.seq * d + self.layers * layer + 2 * d + d * VOCAB + VOCAB
 
+    def grad_layout(self) -> tuple[tuple[int, int], ...]:
+        """Every parameter of :func:`build_model` as (rows, columns), in definition order
+        (the order DDP's buckets are built from; a vector is (n, 1))."""
+        d = self.dim
+        block = ((3 * d, d), (3 * d, 1), (d, d), (d, 1), (4 * d, d), (4 * d, 1), (d, 4 * d),
+                 (d, 1), (d, 1), (d, 1), (d, 1), (d, 1))  # fmt: skip
+        return ((VOCAB, d), (self.seq, d), *block * self.layers, (d, 1), (d, 1), (VOCAB, d),
+                (VOCAB, 1))  # fmt: skip
+
 
 def build_model(torch: Any, shape: ModelShape, seed: int) -> Any:
     """A pre-norm causal transformer over bytes, its weights drawn from ``seed``."""

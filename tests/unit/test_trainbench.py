@@ -116,3 +116,14 @@ def test_a_failed_rank_stops_the_others_at_once() -> None:
     with pytest.raises(NetworkError, match="rank 0 exited 2: boom"):
         run_train_ranks(start, lambda r: [sys.executable, "-c", scripts[r]], 2, 30)
     assert time.monotonic() - started < 10
+
+
+def test_grad_layout_is_the_models_parameters_in_order() -> None:
+    torch = pytest.importorskip("torch")
+    from netopt.torch.trainbench import build_model
+
+    shape = ModelShape(32, 2, 4, 16)
+    model = build_model(torch, shape, 0)
+    seen = tuple((int(p.shape[0]), int(p.numel()) // int(p.shape[0])) for p in model.parameters())
+    assert seen == shape.grad_layout()
+    assert sum(r * c for r, c in seen) == shape.params
