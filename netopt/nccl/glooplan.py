@@ -159,7 +159,7 @@ def _hierarchy(fabric: Fabric, size_bytes: float, tag: str) -> list[Stage]:
     border = (
         gloo_message_s(size_bytes, wan)
         if regions == 2
-        else gloo_ring_allreduce_s(regions, size_bytes, wan.alpha_s, wan.rate_bps)
+        else gloo_ring_allreduce_s(regions, size_bytes, wan.alpha_s, wan.rate_bps, wan.loss_ratio)
     )
     out.append(Stage("border", border))
     if local:
@@ -179,7 +179,9 @@ def stages(fabric: Fabric, hook: str, bucket: Sequence[Shape], rank: int = 4) ->
     ring = fabric.ring
 
     def flat(size: float, resource: str = "ring") -> Stage:
-        return Stage(resource, gloo_ring_allreduce_s(fabric.n, size, ring.alpha_s, ring.rate_bps))
+        seconds = gloo_ring_allreduce_s(fabric.n, size, ring.alpha_s, ring.rate_bps,
+                                        ring.loss_ratio)  # fmt: skip
+        return Stage(resource, seconds)
 
     regions = fabric.wan is not None and len(fabric.region_sizes) > 1
     if hook == "none" or (hook == "hierarchical" and not regions):
@@ -189,9 +191,10 @@ def stages(fabric: Fabric, hook: str, bucket: Sequence[Shape], rank: int = 4) ->
     if hook == "hierarchical":
         return _hierarchy(fabric, full, "")
     p, q = powersgd_bytes(bucket, rank)
+    # nothing compressed in the bucket (vectors only): P alone, no Q to exchange
     if hook == "powersgd" or not regions:
-        return [flat(p), flat(q)]
-    return [*_hierarchy(fabric, p, "p-"), *_hierarchy(fabric, q, "q-")]
+        return [flat(p), flat(q)] if q else [flat(p)]
+    return [*_hierarchy(fabric, p, "p-"), *(_hierarchy(fabric, q, "q-") if q else [])]
 
 
 def exposed_s(
