@@ -471,7 +471,7 @@ def run_train_lab(
         tuned = tune_nccl(
             _nic_nodes(lab, topology, order.advised), links_after, parse_version("2.21.5"),
             TuneOptions(params=params, step_compute_ms=max(1.0, 1000 * defaults.compute_s),
-                        layer_dim=shape.dim),
+                        layer_dim=shape.dim, backend="gloo", grad_layout=shape.grad_layout()),
         )  # fmt: skip
         advice = tuned.advice
         two_level = any("two-level" in note for note in advice.notes)

@@ -265,6 +265,14 @@ def _size(size: int) -> str:
 @click.option("--step-compute-ms", type=float, help="Compute time per training step, ms.")
 @click.option("--bucket-mib", type=float, default=25.0, show_default=True, help="DDP bucket.")
 @click.option(
+    "--backend",
+    type=click.Choice(["nccl", "gloo"]),
+    default="nccl",
+    show_default=True,
+    help="The process group's backend the hook and bucket advice is for (gloo: one flow "
+    "a pair, each message waits for its receiver's ready notice).",
+)
+@click.option(
     "--tuner-csv",
     type=click.Path(dir_okay=False),
     help="Also write a CSV for NCCL's example tuner plugin and point NCCL_TUNER_CONFIG_FILE at it.",
@@ -286,6 +294,7 @@ def nccl_env(
     params: int | None,
     step_compute_ms: float | None,
     bucket_mib: float,
+    backend: str,
     tuner_csv: str | None,
 ) -> int:
     """Write NCCL/Gloo environment variables for --nodes, each preceded by its reason."""
@@ -328,6 +337,7 @@ def nccl_env(
             bucket_bytes=int(bucket_mib * 2**20),
             torch_version=torch,
             tuner_csv=bool(tuner_csv),
+            backend=backend,
         ),
         coordinator=coordinator,
         token_file=token_file,

@@ -23,7 +23,9 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from netopt.nccl import glooplan
 from netopt.nccl.costmodel import Fabric, predict, ring_allreduce_s
 from netopt.nccl.fewer_syncs import accumulation, averaging
 from netopt.nccl.model import Advice, TuneOptions
@@ -107,12 +109,35 @@ def _share(comm_s: float, compute_s: float) -> float:
     return comm_s / (comm_s + compute_s) if comm_s + compute_s > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """The hook, its rank, why, the share it leaves, and DDP's bucket cap with why."""
+
+    hook: str
+    rank: int | None
+    reason: str
+    after: float
+    cap_mb: int
+    bucket_reason: str
+
+
 def advise(
     fabric: Fabric, options: TuneOptions, retry_window_s: float, max_outage_s: float
 ) -> Advice:
-    """Advice for ``fabric``: timeout always, a hook when the model size and step time are given."""
+    """Advice for ``fabric``: timeout always, a hook when the model size and step time are given.
+
+    ``options.backend == "gloo"``: the hook, rank and bucket cap from
+    :mod:`netopt.nccl.glooplan` (Gloo's per-message waits, the backward pass simulated);
+    ``fabric`` should then count one flow per pair, as Gloo opens.
+    """
     grad_bytes = (options.params or 0) * options.grad_bytes_per_param
-    comm_s = step_comm_s(fabric, grad_bytes, options.bucket_bytes)
+    if options.backend == "gloo":
+        layout = _layout(options)
+        comm_s = glooplan.total_s(
+            fabric, "none", glooplan.ddp_buckets(layout, options.bucket_bytes)
+        )
+    else:
+        comm_s = step_comm_s(fabric, grad_bytes, options.bucket_bytes)
     wanted = 2 * retry_window_s + 3 * max_outage_s + 20 * comm_s
     timeout_s = max(TORCH_DEFAULT_NCCL_TIMEOUT_S, math.ceil(wanted / 60) * 60)
     timeout_reason = (
@@ -128,12 +153,42 @@ def advise(
             hook_reason="no --params/--step-compute-ms given: cannot predict the comm share",
         )
     compute_s = options.step_compute_ms / 1000
+    share = _share(comm_s, compute_s)
+    if options.backend == "gloo":
+        choice = _gloo_choice(fabric, _layout(options), share, compute_s)
+    else:
+        choice = _nccl_choice(fabric, options, grad_bytes, share, compute_s)
+    local_averaging = None
+    if choice.after > TARGET_SHARE and len(fabric.region_sizes) > 1:
+        region_s = _region_comm_s(fabric, grad_bytes, options.bucket_bytes)
+        local_averaging = averaging(comm_s, region_s, compute_s, TARGET_SHARE)
+    return Advice(
+        timeout_s=timeout_s,
+        timeout_reason=timeout_reason,
+        hook=choice.hook,
+        hook_reason=choice.reason,
+        powersgd_rank=choice.rank,
+        comm_share=share,
+        accumulation=accumulation(comm_s, compute_s, TARGET_SHARE),
+        averaging=local_averaging,
+        bucket_cap_mb=choice.cap_mb,
+        bucket_reason=choice.bucket_reason,
+    )
 
+
+def _layout(options: TuneOptions) -> tuple[tuple[int, int], ...]:
+    if options.grad_layout is not None:
+        return options.grad_layout
+    return glooplan.uniform_layout(options.params or 0, options.layer_dim)
+
+
+def _nccl_choice(
+    fabric: Fabric, options: TuneOptions, grad_bytes: int, share: float, compute_s: float
+) -> _Choice:
     def share_with(factor: float, allreduces: int = 1) -> float:
         size = int(grad_bytes * factor / allreduces)
         return _share(allreduces * step_comm_s(fabric, size, options.bucket_bytes), compute_s)
 
-    share = _share(comm_s, compute_s)
     hook, rank, reason, after = _pick_hook(share, share_with, options.layer_dim)
     per_bucket = functools.partial(_bucket_comm_s, fabric, hook, rank, options.layer_dim)
     if hook == "powerSGD_hook" and rank is not None:
@@ -153,29 +208,77 @@ def advise(
             )
     backward_s = BACKWARD_SHARE * compute_s
     cap, exposed_s, default_s = overlap_buckets(grad_bytes, backward_s, per_bucket)
-    bucket_reason = (
+    return _Choice(hook, rank, reason, after, cap, _bucket_text(cap, backward_s, exposed_s,
+                   default_s if cap != 25 else None, ""))  # fmt: skip
+
+
+def _bucket_text(
+    cap: int, backward_s: float, exposed_s: float, default_s: float | None, why: str
+) -> str:
+    return (
         f"DDP(bucket_cap_mb={cap}, gradient_as_bucket_view=True): each bucket's all-reduce "
         f"starts when its gradients are ready in the backward pass ({backward_s:.3g}s "
         f"predicted); {exposed_s:.3g}s of communication predicted left after it"
-        + (f" (DDP's default 25 MiB leaves {default_s:.3g}s)" if cap != 25 else "")
+        + (f" (DDP's default 25 MiB leaves {default_s:.3g}s)" if default_s is not None else "")
+        + why
         + "; gradient_as_bucket_view saves one copy of the gradients per step"
     )
-    local_averaging = None
-    if after > TARGET_SHARE and len(fabric.region_sizes) > 1:
-        region_s = _region_comm_s(fabric, grad_bytes, options.bucket_bytes)
-        local_averaging = averaging(comm_s, region_s, compute_s, TARGET_SHARE)
-    return Advice(
-        timeout_s=timeout_s,
-        timeout_reason=timeout_reason,
-        hook=hook,
-        hook_reason=reason,
-        powersgd_rank=rank,
-        comm_share=share,
-        accumulation=accumulation(comm_s, compute_s, TARGET_SHARE),
-        averaging=local_averaging,
-        bucket_cap_mb=cap,
-        bucket_reason=bucket_reason,
+
+
+_GLOO_NAMES = {
+    "none": "none", "bf16": "bf16_compress_hook", "powersgd": "powerSGD_hook",
+    "hierarchical-powersgd": "hierarchical_powerSGD_hook",
+}  # fmt: skip
+
+
+def _gloo_choice(
+    fabric: Fabric, layout: tuple[tuple[int, int], ...], share: float, compute_s: float
+) -> _Choice:
+    """Gloo: the least lossy hook whose communication, none of it overlapped, stays
+    under the target; PowerSGD's rank and every cap from the backward pass simulated."""
+    backward_s = BACKWARD_SHARE * compute_s
+    default_buckets = glooplan.ddp_buckets(layout, BUCKET_CAPS_MB[0] * MIB)
+    regions = fabric.wan is not None and len(fabric.region_sizes) > 1
+    bf16 = _share(glooplan.total_s(fabric, "bf16", default_buckets), compute_s)
+    tie = glooplan.tie_s(fabric)
+    why = (
+        f"; every bucket pays Gloo's fixed waits (each message waits for its receiver's "
+        f"ready notice), so caps within one round trip ({tie * 1e3:.3g} ms) of the least "
+        f"exposed go to the largest"
     )
+    rank: int | None = None
+    if share <= TARGET_SHARE:
+        hook, reason = "none", f"communication is {share:.0%} of a step: no compression needed"
+    elif bf16 <= TARGET_SHARE:
+        hook = "bf16"
+        reason = f"communication is {share:.0%} of a step; bf16 gradients bring it to {bf16:.0%}"
+    else:
+        hook = "hierarchical-powersgd" if regions else "powersgd"
+        plan = glooplan.choose_rank(fabric, hook, layout, compute_s, backward_s,
+                                    BUCKET_CAPS_MB, POWERSGD_RANKS)  # fmt: skip
+        rank = plan.rank
+        weighed = ", ".join(f"r{r} {s:.3g}s" for r, s in plan.exposed_by_rank)
+        reason = (
+            f"communication is {share:.0%} of a step (bf16 still {bf16:.0%}); PowerSGD rank "
+            f"{rank}: the least predicted step, or a larger rank within "
+            f"{glooplan.RANK_PRICE:.0%} of it (exposed after backward: {weighed}; ranks "
+            f"under {glooplan.MIN_POWERSGD_RANK} not advised)"
+        )
+        if regions:
+            flat = glooplan.choose_cap(fabric, "powersgd", layout, backward_s, BUCKET_CAPS_MB,
+                                       rank)  # fmt: skip
+            reason += (
+                f"; its P and Q through the region hierarchy (reduce in the region, the "
+                f"leaders' exchange, broadcast) leave {plan.cap.exposed_s:.3g}s after "
+                f"backward, a flat ring's {flat.exposed_s:.3g}s: apply_comm_hook(model, "
+                f"'hierarchical_powerSGD_hook', regions=..., powersgd_rank={rank})"
+            )
+    cap = glooplan.choose_cap(fabric, hook, layout, backward_s, BUCKET_CAPS_MB, rank or 4)
+    default = glooplan.exposed_s(fabric, hook, default_buckets, backward_s, rank or 4)
+    after = _share(cap.exposed_s, compute_s)
+    text = _bucket_text(cap.cap_mb, backward_s, cap.exposed_s,
+                        default if cap.cap_mb != BUCKET_CAPS_MB[0] else None, why)  # fmt: skip
+    return _Choice(_GLOO_NAMES[hook], rank, reason, after, cap.cap_mb, text)
 
 
 def _bucket_sizes(grad_bytes: int, bucket_bytes: int) -> list[int]:

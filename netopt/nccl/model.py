@@ -126,6 +126,12 @@ class TuneOptions:
     message_sizes_bytes: tuple[int, ...] = DEFAULT_MESSAGE_SIZES_BYTES
     layer_dim: int = 4096
     tuner_csv: bool = False
+    backend: str = "nccl"
+    """The process group's backend the hook and bucket advice is for: ``nccl`` or
+    ``gloo`` (Gloo's messages wait for the receiver's ready notice, one flow a pair)."""
+    grad_layout: tuple[tuple[int, int], ...] | None = None
+    """Each parameter as (rows, columns) in definition order (a vector: (n, 1)), for
+    the bucket and PowerSGD byte counts; None: ``params`` as ``layer_dim`` squares."""
 
     def __post_init__(self) -> None:
         if (self.params is None) != (self.step_compute_ms is None):
@@ -134,6 +140,16 @@ class TuneOptions:
             raise ValidationError(f"parameter count {self.params} must be positive")
         if self.step_compute_ms is not None and self.step_compute_ms <= 0:
             raise ValidationError(f"compute time per step {self.step_compute_ms} ms must be > 0")
+        if self.backend not in ("nccl", "gloo"):
+            raise ValidationError(f"backend {self.backend!r} is not one of nccl, gloo")
+        if self.grad_layout is not None:
+            if any(len(t) != 2 or min(t) < 1 for t in self.grad_layout):
+                raise ValidationError("every gradient layout entry is (rows >= 1, columns >= 1)")
+            total = sum(r * c for r, c in self.grad_layout)
+            if total != self.params:
+                raise ValidationError(
+                    f"the gradient layout holds {total} parameters, not the {self.params} given"
+                )
         if self.mss_bytes < 500 or self.mss_bytes > 65495:
             raise ValidationError(f"MSS {self.mss_bytes} bytes is outside 500..65495")
 

@@ -125,7 +125,11 @@ def tune_nccl(
     rows: tuple[TunerRow, ...] = ()
     if options.tuner_csv:
         rows = tuner_rows(fabric, options, len(nodes), channels)
-    advice = advise(fabric, options, window_s, outage_s)
+    if options.backend == "gloo":  # Gloo opens one connection, one flow, per pair
+        gloo = fabric_from_links(nodes, links, flows=1, mss_bytes=options.mss_bytes)
+        advice = advise(gloo, options, window_s, outage_s)
+    else:
+        advice = advise(fabric, options, window_s, outage_s)
     two = predict(fabric, options.bucket_bytes)
     if "two-level" in two and two["two-level"] < min(two["ring"], two["tree"]):
         advice = _note_two_level(advice, two, options.bucket_bytes)

@@ -111,6 +111,21 @@ def test_json_format_and_explain(capsys) -> None:
     assert "ring ms" in err
 
 
+def test_backend_gloo_weighs_the_advice_with_glooplan(capsys) -> None:
+    args = ["nccl-env", "--nodes", NODES, "--links", str(EXAMPLE), "--format", "json",
+            "--params", "5700000", "--step-compute-ms", "1900"]  # fmt: skip
+    code, out, _err = run(capsys, *args, "--backend", "gloo")
+    assert code == 0
+    gloo = json.loads(out)["advice"]
+    assert "round trip" in gloo["bucket_reason"]  # Gloo's fixed waits, per bucket
+    code, out, _err = run(capsys, *args)
+    assert code == 0
+    assert "round trip" not in json.loads(out)["advice"]["bucket_reason"]
+    code, _out, err = run(capsys, *args, "--backend", "mpi")
+    assert code == 2
+    assert "mpi" in err
+
+
 def test_slurm_and_k8s_formats(capsys) -> None:
     code, out, _ = run(capsys, "nccl-env", "--nodes", NODES, "--links", str(EXAMPLE),
                        "--format", "slurm", "--per-node", "switch")  # fmt: skip

@@ -116,3 +116,38 @@ def test_a_failed_rank_stops_the_others_at_once() -> None:
     with pytest.raises(NetworkError, match="rank 0 exited 2: boom"):
         run_train_ranks(start, lambda r: [sys.executable, "-c", scripts[r]], 2, 30)
     assert time.monotonic() - started < 10
+
+
+def test_grad_layout_is_the_models_parameters_in_order() -> None:
+    torch = pytest.importorskip("torch")
+    from netopt.torch.trainbench import build_model
+
+    shape = ModelShape(32, 2, 4, 16)
+    model = build_model(torch, shape, 0)
+    seen = tuple((int(p.shape[0]), int(p.numel()) // int(p.shape[0])) for p in model.parameters())
+    assert seen == shape.grad_layout()
+    assert sum(r * c for r, c in seen) == shape.params
+
+
+def test_summary_keeps_the_busiest_ranks_exposed_time_beside_the_slowest_steps() -> None:
+    from netopt.torch.trainbench import goals, summarize
+
+    def doc(rank: int, compute: float, exposed: float, step: float) -> dict[str, object]:
+        record = {"step_s": step, "data_wait_s": 0.0, "comm_exposed_s": exposed,
+                  "compute_s": compute}  # fmt: skip
+        return {"rank": rank, "hook": "none", "grad_bytes": 1000, "elapsed_s": 3 * step,
+                "losses": [3.0, 2.0, 1.0], "records": [record] * 3}  # fmt: skip
+
+    # both ranks wait for each other: rank 0 computes 0.5 s and waits 0.5 s (0.4 s of it
+    # for rank 1's backward), rank 1 computes 0.9 s and waits 0.1 s on the network
+    docs = [doc(0, 0.5, 0.5, 1.01), doc(1, 0.9, 0.1, 1.0)]
+    run = summarize("netopt", ("a", "b"), docs)
+    assert run.comm_exposed_s == pytest.approx(0.5)  # the slowest step's rank: rank 0
+    assert run.critical_comm_exposed_s == pytest.approx(0.1)
+    assert [r["compute_s"] for r in run.per_rank] == [0.5, 0.9]
+    out = run.to_dict()
+    assert out["critical_exposed_share"] == pytest.approx(0.1 / 1.01)
+    defaults = summarize("defaults", ("a", "b"), [doc(0, 0.5, 2.0, 2.5), doc(1, 0.5, 2.0, 2.5)])
+    report = goals(defaults, run, "bbr")
+    assert report["exposed_comm_share"]["met"] is False
+    assert report["exposed_comm_share_busiest_rank"]["met"] is True
