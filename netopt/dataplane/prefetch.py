@@ -71,6 +71,12 @@ STATS: Counter[str] = Counter()
 TAKE_WAIT_S = 0.3
 """How long `take_meta` waits for answers still in flight before the normal path runs."""
 
+TLS_EXTRA_ROUND_TRIPS = 2
+TLS_UNKNOWN_RTT_S = 0.1
+TLS_EXTRA_WAIT_MAX_S = 1.0
+"""Under TLS `take_meta` waits `TLS_EXTRA_ROUND_TRIPS` more handshake round trips (the
+shortest seen, `TLS_UNKNOWN_RTT_S` before any), at most `TLS_EXTRA_WAIT_MAX_S`."""
+
 BODY_WAIT_S = 10.0
 """How long `take_meta` waits, past `TAKE_WAIT_S`, for an answer whose body is arriving
 (its 200 headers came): asking again would send the same bytes again over a cold
@@ -293,6 +299,12 @@ async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaA
     if pre is None or pre.token != token:
         return None
     deadline_s = time.monotonic() + TAKE_WAIT_S
+    if pre.context is not None:
+        # Over TLS each answer waits for a TLS handshake too (1-2 round trips more than
+        # plain HTTP): asking again now would cost more than waiting for what is coming.
+        with pre.lock:
+            rtt_s = min(pre.handshakes_s, default=TLS_UNKNOWN_RTT_S)
+        deadline_s += min(TLS_EXTRA_ROUND_TRIPS * rtt_s, TLS_EXTRA_WAIT_MAX_S)
     fetchers = dict(zip(("info", "manifest"), pre.threads[:2], strict=False))
     for thread in fetchers.values():
         left_s = deadline_s - time.monotonic()
