@@ -6,7 +6,8 @@ settings; the password comes from ``database_password_file`` or libpq's
 names the URL without a password (:func:`~netopt.coordinator.storeapi.redact_url`).
 
 Idempotent ingest across replicas: ``batches`` has the primary key
-``(node, batch_id)`` and a batch is inserted ``ON CONFLICT DO NOTHING``; two
+``(node, batch_id)`` and a batch is inserted ``ON CONFLICT DO NOTHING``, in the
+same statement as its summaries (one round trip, no explicit transaction); two
 replicas storing the same batch at once serialise on that key, and the second
 finds it stored. Migrations run under a transaction-level advisory lock, so
 replicas starting together migrate once.
@@ -30,12 +31,7 @@ import psycopg
 from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest, VersionState
 from netopt.coordinator.matrix import LinkRow
 from netopt.coordinator.matrix_query import POSTGRES_SQL, pair_entries, region_pair_entries
-from netopt.coordinator.store import (
-    INSERT_SUMMARY,
-    NODE_COLUMNS,
-    node_from_row,
-    summary_row,
-)
+from netopt.coordinator.store import NODE_COLUMNS, node_from_row, summary_json
 from netopt.coordinator.storeapi import (
     SCHEMA_VERSION,
     BatchToStore,
@@ -60,17 +56,36 @@ _LINK_COLUMNS = (
     " loss_ratio, probes_sent, probes_received, single_stream_bps, aggregate_bps"
     " FROM summaries WHERE taken_at_s >= %s ORDER BY id"
 )
-_INSERT_BATCHES = (
-    "INSERT INTO batches (node, batch_id, received_at_s, summary_count)"
+# One statement, so one round trip and no explicit transaction, for a whole group: the
+# batch keys no replica stored yet are inserted (ON CONFLICT DO NOTHING: a key another
+# replica is inserting at the same moment waits for that one's commit, then conflicts)
+# and only their summaries follow, read from the JSON the coordinator stores anyway
+# (data_json, SQLite's row too; a json element's text is its input, unchanged). The
+# statement is atomic: all of it is stored or nothing. Keys are taken in one order (by
+# key), so two replicas storing overlapping groups wait for each other, never deadlock.
+# Returns the keys stored.
+_INGEST = (
+    "WITH offered AS ("
     " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::int[])"
-    " ON CONFLICT (node, batch_id) DO NOTHING RETURNING node, batch_id"
+    " WITH ORDINALITY AS o (node, batch_id, received_at_s, summary_count, n)),"
+    " docs AS (SELECT * FROM json_array_elements(%s::json) WITH ORDINALITY AS d (summaries, n)),"
+    " new AS (INSERT INTO batches (node, batch_id, received_at_s, summary_count)"
+    " SELECT node, batch_id, received_at_s, summary_count FROM offered ORDER BY node, batch_id"
+    " ON CONFLICT (node, batch_id) DO NOTHING RETURNING node, batch_id),"
+    " kept AS (INSERT INTO summaries (node, batch_id, src, dst, taken_at_s, method,"
+    " rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms, loss_ratio, probes_sent,"
+    " probes_received, single_stream_bps, aggregate_bps, data_json)"
+    " SELECT o.node, o.batch_id, f.src, f.dst, f.taken_at_s, f.method,"
+    " (f.rtt_ms->>'p50')::float8, (f.rtt_ms->>'p99')::float8, (f.rtt_ms->>'min')::float8,"
+    " f.jitter_ms, f.loss_ratio, f.probes_sent, f.probes_received, f.single_stream_bps,"
+    " f.aggregate_bps, e.s::text"
+    " FROM new JOIN offered o USING (node, batch_id) JOIN docs d ON d.n = o.n,"
+    " json_array_elements(d.summaries) WITH ORDINALITY AS e (s, i),"
+    " json_to_record(e.s) AS f (src text, dst text, taken_at_s float8, method text,"
+    " rtt_ms jsonb, jitter_ms float8, loss_ratio float8, probes_sent int, probes_received int,"
+    " single_stream_bps float8, aggregate_bps float8) ORDER BY o.n, e.i)"
+    " SELECT node, batch_id FROM new"
 )
-_COPY_SUMMARIES = (
-    "COPY summaries (node, batch_id, src, dst, taken_at_s, method, rtt_p50_ms, rtt_p99_ms,"
-    " rtt_min_ms, jitter_ms, loss_ratio, probes_sent, probes_received, single_stream_bps,"
-    " aggregate_bps, data_json) FROM STDIN"
-)
-assert INSERT_SUMMARY.count("?") == 16  # the same columns as SQLite's insert
 
 
 class PgStore:
@@ -250,7 +265,7 @@ class PgStore:
         self._guard("recording heartbeats", write)
 
     def ingest(self, batches: Sequence[BatchToStore]) -> list[IngestResult]:
-        """Store batches in one transaction, each ``(node, batch_id)`` at most once.
+        """Store batches in one statement, each ``(node, batch_id)`` at most once.
 
         A batch already stored (by any replica) or earlier in ``batches`` is a
         duplicate. Summaries taken before ``oldest_kept_s`` are dropped as expired.
@@ -263,26 +278,18 @@ class PgStore:
             for index, batch in enumerate(batches):
                 first.setdefault((batch.node, batch.batch_id), index)
             offered = sorted(first.values())
-            db = self._conn()
-            with db.transaction(), db.cursor() as cur:
-                # One round trip for the whole group: the keys no replica stored yet.
-                cur.execute(
-                    _INSERT_BATCHES,
-                    (
-                        [batches[i].node for i in offered],
-                        [batches[i].batch_id for i in offered],
-                        [batches[i].received_at_s for i in offered],
-                        [len(kept[i]) for i in offered],
-                    ),
-                )
-                new = {(node, batch_id) for node, batch_id in cur.fetchall()}
-                stored = {first[key] for key in new}
-                if any(kept[i] for i in stored):
-                    with cur.copy(_COPY_SUMMARIES) as copy:
-                        for i in sorted(stored):
-                            node, batch_id = batches[i].node, batches[i].batch_id
-                            for summary in kept[i]:
-                                copy.write_row(summary_row(node, batch_id, summary))
+            # One JSON text (a list of JSON strings would be escaped, slowly, as an array):
+            # per batch offered, the list of its kept summaries' stored JSON.
+            docs = ",".join("[" + ",".join(map(summary_json, kept[i])) + "]" for i in offered)
+            args = (
+                [batches[i].node for i in offered],
+                [batches[i].batch_id for i in offered],
+                [batches[i].received_at_s for i in offered],
+                [len(kept[i]) for i in offered],
+                f"[{docs}]",
+            )
+            rows = self._conn().execute(_INGEST, args).fetchall()
+            stored = {first[(node, batch_id)] for node, batch_id in rows}
             return [
                 IngestResult(b.batch_id, False, len(kept[i]), len(b.summaries) - len(kept[i]))
                 if i in stored

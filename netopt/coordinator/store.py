@@ -47,6 +47,7 @@ __all__ = [
     "Store",
     "StoredNode",
     "node_from_row",
+    "summary_json",
     "summary_row",
 ]
 
@@ -293,5 +294,10 @@ def summary_row(node: str, batch_id: str, s: LinkSummary) -> tuple[Any, ...]:
         s.probes_received,
         s.single_stream_bps,
         s.aggregate_bps,
-        _ENCODE(s.to_dict()),
+        summary_json(s),
     )
+
+
+def summary_json(s: LinkSummary) -> str:
+    """The stored ``data_json`` of one summary: compact JSON of :meth:`LinkSummary.to_dict`."""
+    return _ENCODE(s.to_dict())

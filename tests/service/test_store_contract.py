@@ -233,3 +233,70 @@ def test_an_older_schema_is_migrated_keeping_its_rows(opener: Opener) -> None:
     again: CoordinatorStore = opener()
     assert again.schema_version() == SCHEMA_VERSION == 3
     assert again.counts() == (1, 1)
+
+
+def test_every_column_is_stored_as_given(opener: Opener) -> None:
+    store: CoordinatorStore = opener()
+    rtt = RttFigures(0.5, 1.25, 1.0, 2.0, 3.0, 1e-3 + 3.0)
+    probe = LinkSummary("hk-1", "us-1", 1000, 10.0, "udp", 100, 97, rtt, 0.1, loss_ratio=0.03)
+    lost = LinkSummary("hk-2", "eu-1", 1000.125, 10.0, "tcp-connect", 5, 0, None, None,
+                       loss_ratio=1.0)  # fmt: skip
+    bulk = LinkSummary("hk-1", "eu-1", 1001.0, 10.0, "bulk-tcp", single_stream_bps=9_000_000_000,
+                       aggregate_bps=1.5e10, streams=4, target='a "quoted" target')  # fmt: skip
+    sent = [("hk-1", "b2", [bulk, probe]), ("hk-2", "b1", [lost]), ("hk-1", "b1", [probe])]
+    results = store.ingest([BatchToStore(n, b, s, 5000.0, 0.0) for n, b, s in sent])
+    assert [(r.duplicate, r.accepted) for r in results] == [(False, 2), (False, 1), (False, 1)]
+    rows = sorted(store.link_rows(0.0), key=lambda r: (r.src, r.dst, r.taken_at_s))
+    assert [(r.src, r.dst, r.taken_at_s) for r in rows] == [
+        ("hk-1", "eu-1", 1001.0), ("hk-1", "us-1", 1000.0), ("hk-1", "us-1", 1000.0),
+        ("hk-2", "eu-1", 1000.125),
+    ]  # fmt: skip
+    got = rows[1]
+    assert (got.rtt_p50_ms, got.rtt_p99_ms, got.rtt_min_ms) == (1.0, 3.0, 0.5)
+    assert (got.jitter_ms, got.loss_ratio, got.probes_sent, got.probes_received) == (
+        0.1, 0.03, 100, 97,
+    )  # fmt: skip
+    assert (rows[0].single_stream_bps, rows[0].aggregate_bps, rows[0].rtt_p50_ms) == (
+        9e9, 1.5e10, None,
+    )  # fmt: skip
+    assert (rows[3].rtt_p50_ms, rows[3].loss_ratio, rows[3].single_stream_bps) == (None, 1.0, None)
+    assert store.history("hk-1", "eu-1", 0.0, 10) == [bulk.to_dict()]
+    assert store.history("hk-2", "eu-1", 0.0, 10) == [lost.to_dict()]
+    assert store.history("hk-1", "us-1", 0.0, 10) == [probe.to_dict(), probe.to_dict()]
+
+
+def test_overlapping_groups_from_two_replicas_store_each_batch_once(opener: Opener) -> None:
+    first: CoordinatorStore = opener()  # creates the schema before the replicas race
+    rounds, keys = 15, 12
+    barrier = threading.Barrier(2)
+    stored: list[str] = []
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def send(reverse: bool) -> None:
+        store: CoordinatorStore = opener(managed=False)
+        try:
+            for r in range(rounds):
+                ids = [f"r{r}-{k:02d}" for k in range(keys)]
+                order = reversed(ids) if reverse else ids
+                group = [_batch("hk-1", i, [1000.0 + r]) for i in order]
+                barrier.wait(10)
+                try:
+                    results = store.ingest(group)
+                except StorageError as exc:  # a deadlock, say: the test fails below
+                    with lock:
+                        failures.append(exc)
+                    continue
+                with lock:
+                    stored.extend(r.batch_id for r in results if not r.duplicate)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=send, args=(reverse,)) for reverse in (False, True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == []
+    assert sorted(stored) == sorted(f"r{r}-{k:02d}" for r in range(rounds) for k in range(keys))
+    assert first.counts() == (rounds * keys, rounds * keys)
