@@ -26,6 +26,7 @@ from netopt.cache.sources import OpenedSource, Source, SourceOptions, parse_sour
 from netopt.cache.store import Cache
 from netopt.cache.synctotals import SyncTotals, record_sync
 from netopt.config.datasets import DatasetsSettings
+from netopt.dataplane.assemble import TMP_SUFFIX, tmp_stem
 from netopt.dataplane.chunkio import ChunkSource
 from netopt.dataplane.sync import sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
@@ -158,14 +159,12 @@ def check_space(cache_dir: Path, dest: Path, plan: SyncPlan) -> None:
 
 
 def _stale_of(name: str) -> str | None:
-    """The file a leftover temporary name (``.NAME.TOKEN.netopt-tmp``) belongs to, or None."""
-    if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+    """The stem (`assemble.tmp_stem`) of the file a leftover temporary name
+    (``.STEM.TOKEN.netopt-tmp``) belongs to, or None."""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
         return None
-    stem = name[1 : -len(_TMP_SUFFIX)]
+    stem = name[1 : -len(TMP_SUFFIX)]
     return stem.rpartition(".")[0] or None
-
-
-_TMP_SUFFIX = ".netopt-tmp"
 
 
 def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
@@ -184,6 +183,7 @@ def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
         target = dest / entry.path
         by_dir.setdefault(target.parent, {})[target.name] = entry.path
     for parent, names in by_dir.items():
+        stems = {tmp_stem(name): name for name in names}
         real = parent.resolve()
         if real != dest_real and dest_real not in real.parents:
             continue  # a symlink in DEST leads outside: touch nothing there (the sync refuses it)
@@ -191,7 +191,7 @@ def scan_dest(dest: Path, manifest: Manifest) -> dict[str, tuple[int, int]]:
             with os.scandir(parent) as listing:
                 for item in listing:
                     owner = _stale_of(item.name)
-                    if owner is not None and owner in names:
+                    if owner is not None and owner in stems:
                         with contextlib.suppress(OSError):
                             os.unlink(item.path)
                         continue

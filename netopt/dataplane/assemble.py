@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import hashlib
 import itertools
 import os
 import secrets
@@ -36,10 +37,12 @@ from netopt.transfer.manifest import FileEntry, Manifest
 
 __all__ = [
     "MAX_OPEN_FILES",
+    "TMP_SUFFIX",
     "ClaimedWrite",
     "FileAssembler",
     "OpenFiles",
     "scan_destination",
+    "tmp_stem",
     "write_claimed",
 ]
 
@@ -93,10 +96,27 @@ _TMP_PREFIX = secrets.token_hex(4)
 _tmp_serial = itertools.count()
 
 
+TMP_SUFFIX = ".netopt-tmp"
+_TMP_STEM_MAX_BYTES = 200
+"""Longest file name a temporary name carries whole: with the dot, the token and the
+suffix (at most ~30 bytes) it stays within NAME_MAX (255 bytes)."""
+
+
+def tmp_stem(name: str) -> str:
+    """What names the file ``name`` in its temporary names (``.STEM.TOKEN.netopt-tmp``):
+    the name itself, or ``~`` and a digest of a name too long to take the suffix (a
+    255-byte name would otherwise be unwritable: ENAMETOOLONG)."""
+    raw = os.fsencode(name)
+    if len(raw) <= _TMP_STEM_MAX_BYTES:
+        return name
+    return "~" + hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
 def _tmp_name(target: Path) -> Path:
     """A fresh temporary name beside ``target``: one random prefix per process and a
     serial (a random token per file cost a ``getrandom`` call each, 20,000 for a tree)."""
-    return target.with_name(f".{target.name}.{_TMP_PREFIX}{next(_tmp_serial):x}.netopt-tmp")
+    stem = tmp_stem(target.name)
+    return target.with_name(f".{stem}.{_TMP_PREFIX}{next(_tmp_serial):x}{TMP_SUFFIX}")
 
 
 def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry, flusher: BatchFlusher) -> None:
