@@ -36,19 +36,12 @@ import yaml
 from netopt.lab import Lab
 from netopt.tlsca import ServerFiles, issue_server_files
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_transfer import netopt_env
+
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-limit.yaml"
 PORT = 7470
-TOKEN = "bench-small-sync-token-0123456789"  # noqa: S105 - a throwaway for the lab
-
-
-def netopt_env(tls: ServerFiles | None) -> dict[str, str]:
-    """netopt's environment: the token with TLS; none in plaintext (the client would
-    refuse to send it in the clear to another host, and the server wants none)."""
-    env = {k: v for k, v in os.environ.items() if k != "NETOPT_TOKEN"}
-    return {**env, "NETOPT_TOKEN": TOKEN} if tls is not None else env
-
-
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 

@@ -52,20 +52,28 @@ async def _settle() -> None:
         await asyncio.sleep(0.02)
 
 
+async def _prefetched_sync(
+    port: int, dest: Path, files: dict[str, bytes], stats: ServeStats, manifest: Manifest
+) -> None:
+    """Prefetch 4 sockets and the answers, then sync: the tree is whole, each chunk was
+    asked once, the answers and sockets were used, every socket taken or closed."""
+    assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 4)
+    await _settle()
+    summary, _ = await _sync(port, dest)
+    check_tree(dest, files)
+    assert summary.logical_bytes == manifest.total_bytes
+    assert sum(stats.chunk_requests.values()) == len(manifest.unique_chunks())
+    assert prefetch.STATS["meta_used"] == 1
+    assert prefetch.STATS["sockets_used"] >= 1
+    # Every connected socket was either taken by a stream or closed at the end.
+    assert prefetch.STATS["sockets_used"] + prefetch.STATS["sockets_discarded"] == 4
+
+
 async def test_prefetched_answers_and_sockets_are_used(tmp_path: Path) -> None:
     files = make_dataset(tmp_path / "src")
     runner, port, stats, manifest = await start(tmp_path / "src")
     try:
-        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 4)
-        await _settle()
-        summary, _ = await _sync(port, tmp_path / "dst")
-        check_tree(tmp_path / "dst", files)
-        assert summary.logical_bytes == manifest.total_bytes
-        assert sum(stats.chunk_requests.values()) == len(manifest.unique_chunks())
-        assert prefetch.STATS["meta_used"] == 1
-        assert prefetch.STATS["sockets_used"] >= 1
-        # Every connected socket was either taken by a stream or closed at the end.
-        assert prefetch.STATS["sockets_used"] + prefetch.STATS["sockets_discarded"] == 4
+        await _prefetched_sync(port, tmp_path / "dst", files, stats, manifest)
         assert prefetch._pending is None
     finally:
         await runner.cleanup()
@@ -156,15 +164,7 @@ async def test_under_tls_the_answers_come_over_tls_and_the_sockets_are_used(
     runner, port, stats, manifest, ca = await _tls_server(tmp_path / "src", tmp_path / "pki")
     use_client_tls(ClientTls(ca_file=str(ca)))
     try:
-        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 4)
-        await _settle()
-        summary, _ = await _sync(port, tmp_path / "dst")
-        check_tree(tmp_path / "dst", files)
-        assert summary.logical_bytes == manifest.total_bytes
-        assert sum(stats.chunk_requests.values()) == len(manifest.unique_chunks())
-        assert prefetch.STATS["meta_used"] == 1
-        assert prefetch.STATS["sockets_used"] >= 1
-        assert prefetch.STATS["sockets_used"] + prefetch.STATS["sockets_discarded"] == 4
+        await _prefetched_sync(port, tmp_path / "dst", files, stats, manifest)
     finally:
         use_client_tls(ClientTls())
         await runner.cleanup()
