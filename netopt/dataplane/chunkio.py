@@ -32,6 +32,7 @@ from netopt.transfer.manifest import Manifest, validate_chunk_id
 
 __all__ = [
     "FRAME_HEADER",
+    "STREAM_CODECS",
     "ChunkSink",
     "ChunkSource",
     "Codec",
@@ -48,12 +49,17 @@ __all__ = [
     "part_bounds",
 ]
 
-Codec = Literal["zstd", "identity"]
+Codec = Literal["zstd", "identity", "zstd-stream", "zstd-stream-new"]
+"""How a frame's payload is encoded. ``zstd-stream``/``zstd-stream-new``: through the
+stream's own zstd context (`netopt.dataplane.streamctx`), decodable only in the stream's
+order; the stream decodes them and hands on ``identity`` chunks it has verified."""
+STREAM_CODECS: frozenset[Codec] = frozenset({"zstd-stream", "zstd-stream-new"})
 
 FRAME_HEADER = struct.Struct(">32sBI")
-"""A batch response frame: BLAKE3 digest (32 bytes), codec (0 raw, 1 zstd), payload length."""
+"""A batch response frame: BLAKE3 digest (32 bytes), codec (0 raw, 1 zstd, 2 zstd-stream,
+3 zstd-stream-new), payload length."""
 
-_CODEC_BYTES: dict[Codec, int] = {"identity": 0, "zstd": 1}
+_CODEC_BYTES: dict[Codec, int] = {"identity": 0, "zstd": 1, "zstd-stream": 2, "zstd-stream-new": 3}
 _CODEC_NAMES: dict[int, Codec] = {v: k for k, v in _CODEC_BYTES.items()}
 
 
@@ -82,6 +88,9 @@ class RawChunk:
     payload: bytes
     codec: Codec
     wire_bytes: int
+    verified: bool = False
+    """True when ``payload`` (``identity``) was already checked against its name (a stream
+    decoded it through its context and verified it there)."""
 
 
 class ChunkSource(Protocol):
@@ -185,6 +194,8 @@ def decode_part(raw: RawChunk, chunk_id: str, part_bytes: int) -> bytes:
 def _decode_bounded(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
     """``raw`` decoded: at most ``length_bytes`` are ever allocated, and exactly that many
     must come out; IntegrityError otherwise."""
+    if raw.codec in STREAM_CODECS:
+        raise IntegrityError(f"chunk {chunk_id[:16]}: a stream-context frame outside its stream")
     if raw.codec == "zstd":
         try:
             data = _decompress_bounded(raw.payload, length_bytes)
@@ -207,6 +218,8 @@ def decode_chunk(raw: RawChunk, chunk_id: str, length_bytes: int) -> bytes:
     hash mismatch.
     """
     data = _decode_bounded(raw, chunk_id, length_bytes)
+    if raw.verified and raw.codec == "identity":
+        return data
     if blake3.blake3(data).hexdigest() != chunk_id:
         raise IntegrityError(f"chunk {chunk_id[:16]}: BLAKE3 mismatch")
     return data

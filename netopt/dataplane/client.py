@@ -300,4 +300,5 @@ def _asked_for(
                 "refusing it (nothing was written)"
             )
     source.chunk_parts = info.chunk_parts
+    source.stream_context = info.stream_context
     return info, manifest

@@ -34,6 +34,7 @@ from netopt.dataplane.manifestcache import ManifestEncodings
 from netopt.dataplane.manifestwire import accepts_zstd
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
+from netopt.dataplane.streamctx import ContextEncoder
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
 from netopt.errors import (
     DatasetChangedError,
@@ -246,6 +247,7 @@ async def dataset_info(request: web.Request) -> web.Response:
             "congestion_control": request.app[SETTINGS].congestion_control,
             "precompressed": precompressed,
             "stream_levels": True,
+            "stream_context": True,
             "chunk_parts": MAX_CHUNK_PARTS,
         }
     )
@@ -273,17 +275,40 @@ async def dataset_manifest(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
-def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:
+def _stored(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec] | None:
+    """The chunk's stored frame when the dataset was precompressed at ``level`` or higher:
+    at least as small as what the asked level would give, and it costs no CPU."""
     frames = ds.frames if isinstance(ds, ServedDataset) else None
     if frames is not None and 0 < level <= frames.level:
-        # A stored frame at the precompressed level is at least as small as what the
-        # asked level would give, and costs no CPU.
         if frames.is_raw(chunk_id):
             return ds.read_chunk(chunk_id), "identity"
         frame = frames.get(chunk_id)
         if frame is not None:
             return frame, "zstd"
+    return None
+
+
+def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec]:
+    stored = _stored(ds, chunk_id, level)
+    if stored is not None:
+        return stored
     return encode_chunk(ds.read_chunk(chunk_id), level)
+
+
+def _read_and_encode_in_context(
+    ds: DatasetView, chunk_id: str, level: int, context: ContextEncoder
+) -> tuple[bytes, Codec]:
+    """What a stream with a context sends for ``chunk_id``: its stored frame, the raw bytes
+    at level 0, else the bytes through the stream's compressor. A stream's calls run one at
+    a time, in the order its frames are sent (its own `ThreadBatcher` of one job)."""
+    stored = _stored(ds, chunk_id, level)
+    if stored is not None:
+        return stored
+    data = ds.read_chunk(chunk_id)
+    if level <= 0:
+        return encode_chunk(data, level)
+    payload, new = context.encode(data, level)
+    return payload, "zstd-stream-new" if new else "zstd-stream"
 
 
 def _read_and_encode_part(
@@ -467,6 +492,10 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
 
     reader = loop.create_task(read_names())
     batcher = request.app[BATCHER]
+    # ``ctx=1``: the stream's chunks share one zstd context (see netopt.dataplane.streamctx).
+    context = ContextEncoder() if _stream_context(request) else None
+    # Its calls run in order, one job at a time (many small chunks per job).
+    lane = ThreadBatcher(request.app[EXECUTOR], 1)
     upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
     ended = False
     chunk_id = first[0]
@@ -481,11 +510,24 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
                     ended = True
                     break
                 name, name_level = got
-                future: asyncio.Future[tuple[bytes, Codec]] = asyncio.ensure_future(
-                    batcher.run(
-                        _read_and_encode, ds, name, name_level, weight_bytes=_weight(ds, name)
+                future: asyncio.Future[tuple[bytes, Codec]]
+                if context is None:
+                    future = asyncio.ensure_future(
+                        batcher.run(
+                            _read_and_encode, ds, name, name_level, weight_bytes=_weight(ds, name)
+                        )
                     )
-                )
+                else:
+                    future = asyncio.ensure_future(
+                        lane.run(
+                            _read_and_encode_in_context,
+                            ds,
+                            name,
+                            name_level,
+                            context,
+                            weight_bytes=_weight(ds, name),
+                        )
+                    )
                 upcoming.append((name, future))
             if not upcoming:
                 break
@@ -525,6 +567,11 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
         await resp.write(end_frame(fresh.manifest.manifest_id))
     await resp.write_eof()
     return resp
+
+
+def _stream_context(request: web.Request) -> bool:
+    """True when a stream request asks for one zstd context (``ctx=1``)."""
+    return request.query.get("ctx") == "1"
 
 
 async def _next_name(

@@ -182,6 +182,9 @@ class DatasetInfo:
     """The server's stream route takes a level per line (``NAME LEVEL``)."""
     chunk_parts: int = 0
     """The most parts the server's chunk route cuts a chunk into (0: it does not)."""
+    stream_context: bool = False
+    """The server's stream route compresses a stream's chunks in one zstd context
+    (``ctx=1``, see `netopt.dataplane.streamctx`)."""
 
 
 class HttpChunkSource:
@@ -214,6 +217,9 @@ class HttpChunkSource:
         self.chunk_parts = 0
         """The most parts `fetch_chunk_parts` may ask for (the server's ``chunk_parts``;
         0: the server has no part route, set once its info is known)."""
+        self.stream_context = False
+        """Ask streams for one zstd context each (the server's ``stream_context``, set
+        once its info is known)."""
         self.rtt_s: float | None = None
         """The round trip to the server (s) once measured (`fetch_info_and_manifest` sets
         it); until then the fastest handshake so far stands in."""
@@ -340,11 +346,14 @@ class HttpChunkSource:
         the stream's (``NAME LEVEL``, a server advertising ``stream_levels`` only)."""
         session = self._require_session()
         path = f"/v1/datasets/{self.url.name}/stream"
+        params = {"level": str(self.zstd_level or 0)}
+        if self.stream_context:
+            params["ctx"] = "1"
         return _LevelledStream(
             self,
             session,
             self.url.base + path,
-            {"level": str(self.zstd_level or 0)},
+            params,
             f"{self.url} ({self.url.base}{path})",
             f"{self.url} is unreachable",
             self._check_data_response,
@@ -529,6 +538,7 @@ class HttpChunkSource:
                 rtt_source=rtt_source,
                 stream_levels=data.get("stream_levels") is True,
                 chunk_parts=_chunk_parts(data.get("chunk_parts")),
+                stream_context=data.get("stream_context") is True,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc

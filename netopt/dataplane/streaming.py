@@ -18,7 +18,14 @@ from typing import Any, Protocol
 import aiohttp
 
 from netopt.dataplane import trace
-from netopt.dataplane.chunkio import FRAME_HEADER, RawChunk, max_frame_bytes, parse_frame_header
+from netopt.dataplane.chunkio import (
+    FRAME_HEADER,
+    STREAM_CODECS,
+    RawChunk,
+    max_frame_bytes,
+    parse_frame_header,
+)
+from netopt.dataplane.streamctx import ContextDecoder
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, TlsError
 from netopt.tlsconf import data_scheme, disconnect_hint, explain_tls_failure
 
@@ -118,6 +125,7 @@ class HttpChunkStream:
         self._resp: aiohttp.ClientResponse | None = None
         self._ended = False
         self._broken = False
+        self._context = ContextDecoder() if params.get("ctx") == "1" else None
         self.frames_read = 0
         """Frames read whole off this stream."""
         self.end_version: str | None = None
@@ -158,6 +166,8 @@ class HttpChunkStream:
             raw = await read_frame(
                 self._resp, self._read_exactly, chunk_id, length_bytes, self._where
             )
+            if raw.codec in STREAM_CODECS:
+                raw = await self._decode_in_context(raw, chunk_id, length_bytes)
             self.frames_read += 1
             return raw
         except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
@@ -166,6 +176,21 @@ class HttpChunkStream:
         except BaseException:
             self._broken = True
             raise
+
+    async def _decode_in_context(self, raw: RawChunk, chunk_id: str, length_bytes: int) -> RawChunk:
+        """A stream-context frame decoded (in the stream's order) and verified: an
+        ``identity`` chunk. ContextError (a bad copy; the stream is cut) when it does not
+        decode to the chunk; ProtocolError when this stream never asked for a context."""
+        if self._context is None:
+            raise ProtocolError(f"{self._where}: a stream-context frame on a stream without one")
+        decode = self._context.decode
+        new = raw.codec == "zstd-stream-new"
+        if length_bytes <= _INLINE_DECODE_BYTES:
+            # Microseconds of work: a thread hand-off would cost more (trees of small files).
+            data = decode(raw.payload, new, chunk_id, length_bytes)
+        else:
+            data = await asyncio.to_thread(decode, raw.payload, new, chunk_id, length_bytes)
+        return RawChunk(data, "identity", raw.wire_bytes, verified=True)
 
     async def aclose(self, *, complete: bool = True) -> None:
         self.end()
@@ -196,6 +221,8 @@ class HttpChunkStream:
 
 
 _DRAIN_MAX_BYTES = 64 * 1024
+_INLINE_DECODE_BYTES = 64 * 1024
+"""Stream-context chunks up to this long are decoded on the loop, longer ones in a thread."""
 
 
 def fail_reads_on_close(resp: aiohttp.ClientResponse) -> None:

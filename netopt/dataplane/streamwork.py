@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from netopt.dataplane import trace
+from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.syncrun import SyncRun, bounded_inflight
 from netopt.errors import IntegrityError, NetworkError, ValidationError
@@ -219,7 +220,7 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
         stream = run.open_stream()
         asked = Asked()
         run.asking.append(asked)
-        failure: NetworkError | None = None
+        failure: NetworkError | ContextError | None = None
         helping = False
         try:
             helping = await _run_stream(run, stream, asked, on_stored)
@@ -229,7 +230,9 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             # A server without the stream route: use batches from now on.
             log.debug("the source has no stream route; fetching in batches")
             run.open_stream = None
-        except NetworkError as exc:
+        except (NetworkError, ContextError) as exc:
+            # A stream context that went wrong is a bad copy of the chunk being received
+            # (charged as one) and the end of that stream, as a break is.
             failure = exc
             if asked:  # the chunk being received is the one the failure hit
                 run.charge(asked[0], exc)

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import zstandard
 from aiohttp import web
 
 from netopt.dataplane.chunkio import frame_header
+from netopt.transfer.manifest import manifest_from_dict
 from netopt.transfer.profile import cpu_profile_to_dict
 from tests.service.dataplane_helpers import CPU
 
@@ -157,6 +159,39 @@ def _big_chunk_server() -> Hostile:
     return Hostile(manifest, _info(1, GIB), chunk)
 
 
+def _context_bomb_server() -> Hostile:
+    """A server offering stream contexts whose stream frame for a 1 MiB chunk is a zstd
+    frame header and 1 MiB of 4-byte RLE blocks: 32 GiB once decoded."""
+    doc = {
+        "name": "ds",
+        "avg_chunk_bytes": MIB,
+        "files": [{"path": "big.bin", "size_bytes": MIB, "chunks": [[CHUNK_ID, MIB]]}],
+    }
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    seed = compressor.compress(b"x") + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    rle_block = (1 << 1 | (128 * 1024) << 3).to_bytes(3, "little") + b"A"
+    payload = seed[: zstandard.frame_header_size(seed)] + rle_block * (MIB // 4)
+
+    async def manifest(request: web.Request) -> web.StreamResponse:
+        return web.json_response(doc)
+
+    async def chunk(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            return web.Response(status=503)
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
+        await resp.prepare(request)
+        try:
+            await resp.write(frame_header(CHUNK_ID, "zstd-stream-new", len(payload)) + payload)
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    version = manifest_from_dict(doc).manifest_id
+    info = {**_info(1, MIB), "manifest_id": version, "stream_levels": True, "stream_context": True}
+    return Hostile(manifest, info, chunk)
+
+
 async def _serve(hostile: Hostile) -> tuple[web.AppRunner, int]:
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -228,6 +263,7 @@ async def run_sync_process(port: int, tmp_path: Path) -> SyncResult:
         pytest.param(lambda: _padded_server(False), "bytes expected", id="padded-manifest-chunked"),
         pytest.param(_entries_server, "bytes expected", id="million-entry-manifest"),
         pytest.param(_big_chunk_server, "chunk of 1073741824 bytes", id="gigabyte-chunk"),
+        pytest.param(_context_bomb_server, "decodes to more than", id="stream-context-bomb"),
     ],
 )
 async def test_sync_refuses_oversized_answers_in_bounded_memory(
