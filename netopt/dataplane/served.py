@@ -91,5 +91,6 @@ def load_dataset(root: str | os.PathLike[str], name: str, avg_chunk_bytes: int) 
     manifest = build_manifest(base, name, avg_chunk_bytes)
     index = index_chunks(manifest)
     files = [base / f.path for f in manifest.files if f.size_bytes > 0]
-    sample = sample_files(files) if files else SampleProfile({}, 0)
+    # As a stream with a context sends it (clients ask for one; see dataplane.streamctx).
+    sample = sample_files(files, in_stream=True) if files else SampleProfile({}, 0)
     return ServedDataset(manifest, base, index, sample)

@@ -32,6 +32,7 @@ import blake3
 import zstandard
 
 from netopt.errors import IntegrityError
+from netopt.transfer.sampling import STREAM_WINDOW_LOG, stream_compressor
 
 __all__ = [
     "BLOCK_MAX_BYTES",
@@ -42,9 +43,9 @@ __all__ = [
     "ContextError",
 ]
 
-WINDOW_LOG = 22
-"""The encoder's window (4 MiB): the history a chunk may refer to, and the memory one
-stream's context costs each side."""
+WINDOW_LOG = STREAM_WINDOW_LOG
+"""The encoder's window (4 MiB, `netopt.transfer.sampling.STREAM_WINDOW_LOG`: the plan's
+sample is compressed the same way)."""
 WINDOW_MAX_BYTES = 1 << WINDOW_LOG
 """The largest window a peer's frame may declare."""
 BLOCK_MAX_BYTES = 128 * 1024
@@ -71,10 +72,7 @@ class ContextEncoder:
         boundary; (payload, True when it starts a new context). A new level starts one."""
         new = self._compressor is None or level != self.level
         if new:
-            params = zstandard.ZstdCompressionParameters.from_level(
-                level, window_log=WINDOW_LOG, write_checksum=0, write_content_size=0
-            )
-            self._compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+            self._compressor = stream_compressor(level)
             self.level = level
         assert self._compressor is not None
         payload = self._compressor.compress(data) + self._compressor.flush(

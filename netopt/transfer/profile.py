@@ -1,6 +1,7 @@
 """Measure the planner's inputs: how data compresses, and how fast this node's codecs run.
 
-`sample_file` reads a few slices of a file and compresses them at each zstd level.
+`sample_file` / `sample_files` (`netopt.transfer.sampling`, re-exported here) read
+stretches of a dataset and compress them at each zstd level.
 `calibrate_codecs` times zstd and BLAKE3 on this node (best of a few runs after a
 warm-up: the machines are shared, and one slow run must not rule a level out),
 `measure_startup_s` times the CLI's start-up; `load_cpu_profile` does both
@@ -17,7 +18,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -27,7 +28,8 @@ import zstandard
 
 from netopt.errors import StorageError
 from netopt.fsutil import atomic_write_bytes
-from netopt.transfer.planner import CpuProfile, SampleProfile
+from netopt.transfer.planner import CpuProfile
+from netopt.transfer.sampling import DEFAULT_LEVELS, sample_bytes, sample_file, sample_files
 
 __all__ = [
     "DEFAULT_LEVELS",
@@ -44,7 +46,6 @@ __all__ = [
     "startup_command",
 ]
 
-DEFAULT_LEVELS: tuple[int, ...] = (1, 3, 5, 7, 9)
 _SLICE_BYTES = 1024 * 1024
 _CACHE_VERSION = 4
 _READABLE_VERSIONS = (2, 3, 4)
@@ -62,64 +63,6 @@ SYNC_STARTUP_MODULES = (
 """What a ``netopt sync`` process imports before it moves a byte: the CLI, the cache's
 sync driver and its sources (aiohttp among them) and the data-plane client."""
 _CALIBRATION_RUNS = 2
-
-
-def sample_bytes(pieces: Iterable[bytes], levels: Sequence[int] = DEFAULT_LEVELS) -> SampleProfile:
-    """Compress each piece separately (as chunks are) at each level: the ratio per level."""
-    data = [p for p in pieces if p]
-    raw = sum(len(p) for p in data)
-    ratios: dict[int, float] = {}
-    for level in levels:
-        compressor = zstandard.ZstdCompressor(level=level)
-        packed = sum(len(compressor.compress(p)) for p in data)
-        ratios[level] = raw / packed if packed else 1.0
-    return SampleProfile(ratio_by_level=ratios, sample_bytes=raw)
-
-
-def _slices(path: Path, budget_bytes: int) -> list[bytes]:
-    size = path.stat().st_size
-    count = max(1, min(budget_bytes // _SLICE_BYTES, -(-size // _SLICE_BYTES)))
-    step = max(size // count, 1)
-    out: list[bytes] = []
-    with path.open("rb") as f:
-        for i in range(count):
-            f.seek(min(i * step, max(size - _SLICE_BYTES, 0)))
-            out.append(f.read(_SLICE_BYTES))
-    return out
-
-
-def sample_file(
-    path: str | os.PathLike[str],
-    levels: Sequence[int] = DEFAULT_LEVELS,
-    budget_bytes: int = 8 * 1024 * 1024,
-) -> SampleProfile:
-    """Sample up to ``budget_bytes`` of ``path`` in 1 MiB slices spread over the file.
-
-    Raises StorageError when the file cannot be read.
-    """
-    return sample_files([path], levels, budget_bytes)
-
-
-def sample_files(
-    paths: Sequence[str | os.PathLike[str]],
-    levels: Sequence[int] = DEFAULT_LEVELS,
-    budget_bytes: int = 8 * 1024 * 1024,
-) -> SampleProfile:
-    """Sample a set of files, sharing ``budget_bytes`` between them (largest first).
-
-    Raises StorageError when a file cannot be read.
-    """
-    pieces: list[bytes] = []
-    ordered = sorted((Path(p) for p in paths), key=lambda p: -p.stat().st_size)
-    per_file = max(_SLICE_BYTES, budget_bytes // max(1, min(len(ordered), 8)))
-    try:
-        for path in ordered:
-            if sum(len(p) for p in pieces) >= budget_bytes:
-                break
-            pieces.extend(_slices(path, per_file))
-    except OSError as exc:
-        raise StorageError(f"cannot read sample: {exc}") from exc
-    return sample_bytes(pieces, levels)
 
 
 def _calibration_corpus(size_bytes: int) -> bytes:
