@@ -34,7 +34,7 @@ from netopt.dataplane.manifestcache import ManifestEncodings
 from netopt.dataplane.manifestwire import accepts_zstd
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
-from netopt.dataplane.streamctx import ContextEncoder
+from netopt.dataplane.streamctx import CONTEXT_MAX_CHUNK_BYTES, ContextEncoder
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
 from netopt.errors import (
     DatasetChangedError,
@@ -494,7 +494,8 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     batcher = request.app[BATCHER]
     # ``ctx=1``: the stream's chunks share one zstd context (see netopt.dataplane.streamctx).
     context = ContextEncoder() if _stream_context(request) else None
-    # Its calls run in order, one job at a time (many small chunks per job).
+    # Its calls run in order, one job at a time (many small chunks per job); larger chunks
+    # go to the shared pool, alone (see CONTEXT_MAX_CHUNK_BYTES).
     lane = ThreadBatcher(request.app[EXECUTOR], 1)
     upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
     ended = False
@@ -511,7 +512,7 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
                     break
                 name, name_level = got
                 future: asyncio.Future[tuple[bytes, Codec]]
-                if context is None:
+                if context is None or _weight(ds, name) >= CONTEXT_MAX_CHUNK_BYTES:
                     future = asyncio.ensure_future(
                         batcher.run(
                             _read_and_encode, ds, name, name_level, weight_bytes=_weight(ds, name)

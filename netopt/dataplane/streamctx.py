@@ -10,6 +10,10 @@ flush (``ZSTD_e_flush``), so the frame ends on a block boundary and the client d
 it as soon as it has arrived, with the history of every earlier chunk of the stream
 (rsync's ``-z`` keeps its compression stream across files the same way).
 
+Only chunks under `CONTEXT_MAX_CHUNK_BYTES` go through the context: a larger chunk is
+most of its own history and compresses faster alone (a ``zstd`` frame, as without a
+context).
+
 Frame codecs (`netopt.dataplane.chunkio`): ``zstd-stream-new`` starts a context (its
 payload begins with a zstd frame header; sent first and after a level change),
 ``zstd-stream`` continues the stream's current one. Raw (``identity``) and stored
@@ -32,10 +36,11 @@ import blake3
 import zstandard
 
 from netopt.errors import IntegrityError
-from netopt.transfer.sampling import STREAM_WINDOW_LOG, stream_compressor
+from netopt.transfer.sampling import CONTEXT_MAX_CHUNK_BYTES, STREAM_WINDOW_LOG, stream_compressor
 
 __all__ = [
     "BLOCK_MAX_BYTES",
+    "CONTEXT_MAX_CHUNK_BYTES",
     "WINDOW_LOG",
     "WINDOW_MAX_BYTES",
     "ContextDecoder",
