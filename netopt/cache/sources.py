@@ -330,13 +330,20 @@ class NetoptSource(Source):
             measured=measured,
             rate_limit_bps=opts.client.rate_limit_bps,
         )
-        plan = plan_for(info, None, cpu, figures=figures, max_streams=opts.max_streams)
+        overhead_bytes = source.meta_wire_bytes
+        plan = plan_for(
+            info,
+            None,
+            cpu,
+            figures=figures,
+            max_streams=opts.max_streams,
+            meta_bytes=overhead_bytes,
+        )
         level = opts.zstd_level
         source.zstd_level = plan.zstd_level if level is None else (level or None)
         if level is None:
             start_adapting(source, info, cpu, figures)
         streams = opts.streams or plan.streams
-        overhead_bytes = source.meta_wire_bytes
         return OpenedServed(
             self.kind, url.name, manifest, source, streams, overhead_bytes, plan, figures,
             served=source,

@@ -92,6 +92,7 @@ def plan_for(
     max_streams: int = 64,
     startup_s: float | None = None,
     figures: LinkFigures | None = None,
+    meta_bytes: int = 0,
 ) -> TransferPlan:
     """Plan a fetch of ``info``'s dataset: the server compresses, this node decompresses.
 
@@ -100,7 +101,8 @@ def plan_for(
     running the server's congestion control; the plan's first reason says which
     figures it used and where each came from. The predicted time counts ``startup_s``
     of process start-up (default: the CLI start-up calibrated in ``client_cpu``; pass 0
-    from a long-running process).
+    from a long-running process) and the round trips ``meta_bytes`` (the info and
+    manifest as they came over the wire) took.
     """
     cc = info.congestion_control if info.congestion_control in ("bbr", "cubic", "reno") else "bbr"
     notes: tuple[str, ...] = ()
@@ -115,6 +117,7 @@ def plan_for(
         pair_cpu_profile(info.server_cpu, client_cpu),
         max_streams=max_streams,
         startup_s=client_cpu.startup_s if startup_s is None else startup_s,
+        meta_bytes=meta_bytes,
     )
     return replace(plan, reasons=(*notes, *plan.reasons))
 
@@ -181,7 +184,9 @@ async def sync_url(
                 loss_ratio=link_loss_ratio,
                 rate_limit_bps=client.rate_limit_bps,
             )
-        plan = plan_for(info, link, cpu, startup_s=startup_s, figures=figures)
+        plan = plan_for(
+            info, link, cpu, startup_s=startup_s, figures=figures, meta_bytes=overhead_bytes
+        )
         if on_plan is not None:
             on_plan(plan)
         n_streams = streams or plan.streams

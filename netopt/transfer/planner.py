@@ -292,6 +292,7 @@ def plan_transfer(
     *,
     max_streams: int = 64,
     startup_s: float = 0.0,
+    meta_bytes: int = 0,
 ) -> TransferPlan:
     """Plan moving ``size_bytes`` of data like ``sample_profile`` over ``link``.
 
@@ -303,7 +304,9 @@ def plan_transfer(
     Streams: enough request-response flows at the per-flow ceiling to fill the
     link (at most ``max_streams``). Chunk size: a power of two near one flow's
     bandwidth-delay product (256 KiB to 8 MiB). The predicted time adds
-    ``startup_s`` (process start-up, s) and the setup round trips.
+    ``startup_s`` (process start-up, s) and the setup round trips, and the round trips a
+    fresh connection takes to carry ``meta_bytes`` (the info and manifest on the wire: a
+    tree's manifest is megabytes) in its slow start.
 
     Raises PlanInputError (a ValueError too) for a negative size or start-up, or
     ``max_streams`` < 1.
@@ -314,6 +317,8 @@ def plan_transfer(
         raise PlanInputError(f"startup_s must be >= 0, got {startup_s}")
     if max_streams < 1:
         raise PlanInputError(f"max_streams must be >= 1, got {max_streams}")
+    if meta_bytes < 0:
+        raise PlanInputError(f"meta_bytes must be >= 0, got {meta_bytes}")
     reasons: list[str] = []
     flow_bps = per_flow_ceiling_bps(link)
     reasons.append(
@@ -356,7 +361,7 @@ def plan_transfer(
         reasons.append("compression off: no level beats sending raw bytes")
     reasons.append(f"{streams} streams of {chunk_bytes // 1024} KiB chunks")
     reasons.append(f"bottleneck {bottleneck}: {rate_bps / 1e6:.1f} Mbit/s logical")
-    setup_s = _setup_s(link, wire_bps, streams)
+    setup_s = _setup_s(link, wire_bps, streams) + _meta_s(link, wire_bps, meta_bytes)
     predicted_s = startup_s + setup_s + (size_bytes * 8 / rate_bps if rate_bps > 0 else math.inf)
     reasons.append(f"fixed costs: start-up {startup_s:.2f} s, setup and ramp {setup_s:.2f} s")
     return TransferPlan(
@@ -374,6 +379,44 @@ def plan_transfer(
         startup_s=startup_s,
         setup_s=setup_s,
     )
+
+
+INITIAL_WINDOW_SEGMENTS = 10
+"""A fresh connection's first window (Linux's initcwnd)."""
+_META_IN_SETUP_BYTES = 64 * 1024
+"""Info and manifest bytes the `SETUP_RTTS` round trips already carry."""
+
+
+def _meta_s(link: LinkProfile, wire_bps: float, meta_bytes: int) -> float:
+    """Seconds beyond `SETUP_RTTS` that ``meta_bytes`` take on one fresh connection: slow
+    start doubles its window each round trip from `INITIAL_WINDOW_SEGMENTS`, up to the
+    window that fills ``wire_bps``; what is left after that flows at ``wire_bps``."""
+    extra_bytes = meta_bytes - _META_IN_SETUP_BYTES
+    if extra_bytes <= 0:
+        return 0.0
+    rtt_s = link.rtt_ms / 1000
+    window = float(INITIAL_WINDOW_SEGMENTS * link.mss_bytes)
+    full_window = max(window, wire_bps / 8 * rtt_s)
+    seconds = 0.0
+    left = float(meta_bytes)
+    while left > 0 and window < full_window:
+        left -= window
+        window *= 2
+        seconds += rtt_s
+    if left > 0:
+        seconds += left * 8 / wire_bps
+    # The first round trips were counted in SETUP_RTTS.
+    return max(0.0, seconds - _slow_start_s(link, _META_IN_SETUP_BYTES))
+
+
+def _slow_start_s(link: LinkProfile, size_bytes: int) -> float:
+    """Round trips (s) slow start needs to carry ``size_bytes`` on a fresh connection."""
+    window, sent, rtts = float(INITIAL_WINDOW_SEGMENTS * link.mss_bytes), 0.0, 0
+    while sent < size_bytes:
+        sent += window
+        window *= 2
+        rtts += 1
+    return rtts * link.rtt_ms / 1000
 
 
 def _setup_s(link: LinkProfile, wire_bps: float, streams: int) -> float:

@@ -141,3 +141,21 @@ def test_bad_inputs_raise() -> None:
     assert caught.value.exit_code == 2
     with pytest.raises(ValueError, match="size_bytes"):
         plan_transfer(-1, SampleProfile({}), LINK_BBR, CPU)
+
+
+def test_a_large_manifest_adds_its_slow_start_round_trips_to_the_setup() -> None:
+    """A tree's manifest is megabytes: on a fresh connection slow start carries 14.5 KB,
+    then twice that each round trip; the setup counts those round trips."""
+    profile = SampleProfile({1: 3.0}, 1 << 20)
+    base = plan_transfer(100 * 1024**2, profile, LINK_BBR, CPU)
+    small = plan_transfer(100 * 1024**2, profile, LINK_BBR, CPU, meta_bytes=30_000)
+    big = plan_transfer(100 * 1024**2, profile, LINK_BBR, CPU, meta_bytes=1_000_000)
+    rtt_s = LINK_BBR.rtt_ms / 1000
+    assert small.setup_s == base.setup_s  # within the setup's own round trips
+    # 64 KiB take 3 round trips from a 14.5 KB window, 1 MB about 6-7: 3-4 more.
+    assert 2.5 * rtt_s <= big.setup_s - base.setup_s <= 4.5 * rtt_s
+    assert big.predicted_time_s - base.predicted_time_s == pytest.approx(
+        big.setup_s - base.setup_s
+    )
+    with pytest.raises(PlanInputError, match="meta_bytes"):
+        plan_transfer(1, profile, LINK_BBR, CPU, meta_bytes=-1)
