@@ -123,6 +123,8 @@ class OpenedSource:
     plan: TransferPlan | None = None
     link_figures: LinkFigures | None = None
     """What the plan assumed of the link, and where each figure came from."""
+    part_connections: int = 0
+    """`SyncOptions.part_connections` (0: ``streams``)."""
 
     async def check_still_current(self, shared: bool) -> None:
         """DatasetChangedError when the origin moved on to another version while DEST was
@@ -344,9 +346,11 @@ class NetoptSource(Source):
         if level is None:
             start_adapting(source, info, cpu, figures)
         streams = opts.streams or plan.streams
+        # Streams the plan chose: a small sync's parts may use every warm connection.
+        parts = 0 if opts.streams else max(streams, WARM_CONNECTIONS)
         return OpenedServed(
             self.kind, url.name, manifest, source, streams, overhead_bytes, plan, figures,
-            served=source,
+            part_connections=parts, served=source,
         )  # fmt: skip
 
 

@@ -296,7 +296,11 @@ async def _sync_into_cache(
     manifest = opened.manifest
     await asyncio.to_thread(cache.add_manifest, manifest)
     cache.in_use = set(manifest.unique_chunks())
-    opts = replace(req.sync_options or SyncOptions(), streams=opened.streams)
+    opts = replace(
+        req.sync_options or SyncOptions(),
+        streams=opened.streams,
+        part_connections=opened.part_connections,
+    )
     source: ChunkSource = opened.source
     sink = CacheSink(cache)
     shared: dict[str, Any] | None = None

@@ -196,7 +196,9 @@ async def sync_url(
         state_dir = Path(dest) / STATE_DIR_NAME
         # No fsync per chunk: the store only serves resumption, and `get` re-verifies.
         sink = await asyncio.to_thread(partial(DirChunkSink, state_dir / "chunks", fsync=False))
-        opts = replace(sync_options or SyncOptions(), streams=n_streams)
+        # Streams the plan chose: a small sync's parts may use every warm connection.
+        parts = 0 if streams else max(n_streams, WARM_CONNECTIONS)
+        opts = replace(sync_options or SyncOptions(), streams=n_streams, part_connections=parts)
         summary = await sync_manifest(manifest, source, sink, dest, opts, on_progress=on_progress)
     await asyncio.to_thread(shutil.rmtree, state_dir, ignore_errors=True)
     # Count the info and manifest requests too: they are part of what the sync cost.

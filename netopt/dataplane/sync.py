@@ -244,7 +244,7 @@ async def _run_workers(
         for assembler in assemblers:
             poke(assembler)
         work: Worker = run.worker if run.open_stream is None else partial(stream_worker, run)
-        parts = parts_per_chunk(run, opts.streams, len(missing))
+        parts = parts_per_chunk(run, opts.part_connections or opts.streams, len(missing))
         if parts > 1:
             work = partial(part_worker, run, parts)
         for _ in range(max(1, min(opts.streams, len(missing)))):

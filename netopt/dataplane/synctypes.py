@@ -18,6 +18,11 @@ class SyncOptions:
     """How hard to try: parallel fetches and the retry schedule."""
 
     streams: int = 8
+    part_connections: int = 0
+    """A sync of fewer chunks than this cuts each chunk into parts, one per connection
+    (see `netopt.dataplane.streamwork.parts_per_chunk`); 0: ``streams``. When the plan
+    chose the streams, the set-up's warm connections (at least 8): a small dataset then
+    rides 8 slow starts instead of the plan's 4."""
     retry_window_s: float = 60.0
     """A chunk whose fetch keeps failing on the network (a server restarting, a link
     cut) is retried until it has been failing for this long (s), counted per chunk

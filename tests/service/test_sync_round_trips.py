@@ -22,7 +22,10 @@ from aiohttp import web
 
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.handlers import auth_middleware
+from netopt.dataplane.limits import MAX_CHUNK_PARTS
+from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
+from netopt.dataplane.streamwork import MIN_PART_BYTES
 from netopt.webshell import service_shell
 from tests.service.dataplane_helpers import (
     CHUNK_BYTES,
@@ -304,3 +307,32 @@ async def test_a_bad_part_fails_the_joined_chunk_check_and_the_chunk_is_asked_ag
     check_tree(tmp_path / "dest", files)
     assert summary.chunk_retries == 1
     assert [s.route for s in seen].count("chunks") == 2 * 2 * summary.chunks_fetched
+
+
+async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_connection(
+    tmp_path: Path,
+) -> None:
+    """The plan chooses the streams: a one-chunk sync then cuts its chunk into a part per
+    warm connection (at least `WARM_CONNECTIONS`), each part at least `MIN_PART_BYTES`."""
+    files = {"one.py": _real_text(1024 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
+    try:
+        async with asyncio.timeout(20):
+            summary, plan = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, zstd_level=3,
+            )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunks_fetched == 1
+    connections = max(plan.streams, WARM_CONNECTIONS)
+    parts = min(connections, MAX_CHUNK_PARTS, len(files["one.py"]) // MIN_PART_BYTES)
+    assert plan.streams < parts  # the rule is what gives the parts here, not the plan
+    asked = [s for s in seen if s.route == "chunks"]
+    assert len(asked) == parts, [s.route for s in seen]
+    assert {s.query["parts"] for s in asked if s.query} == {str(parts)}
