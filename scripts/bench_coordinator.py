@@ -221,20 +221,22 @@ async def _register(i: int, session: aiohttp.ClientSession, url: str) -> None:
         assert response.status == 200, await response.text()
 
 
-async def _register_all(url: str, sessions: list[aiohttp.ClientSession]) -> None:
-    """Register agent ``i`` over ``sessions[i]``, 50 at a time."""
+async def _register_all(urls: list[str], sessions: list[aiohttp.ClientSession]) -> None:
+    """Register agent ``i`` over ``sessions[i]`` with the replica ``urls[i % len(urls)]``
+    it reports to (as an agent registers with the first replica that answers), 50 at a
+    time."""
     limit = asyncio.Semaphore(50)
 
     async def register(i: int) -> None:
         async with limit:
-            await _register(i, sessions[i], url)
+            await _register(i, sessions[i], urls[i % len(urls)])
 
     await asyncio.gather(*(register(i) for i in range(len(sessions))))
 
 
 async def _register_fleet(url: str, agents: int) -> None:
     async with _session(headers=AUTH) as session:
-        await _register_all(url, [session] * agents)
+        await _register_all([url], [session] * agents)
 
 
 async def _agent(
@@ -287,7 +289,7 @@ async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> d
     ]
     try:
         registering = time.monotonic()
-        await _register_all(url, sessions)
+        await _register_all(urls, sessions)
         out["register_all_s"] = time.monotonic() - registering
         await asyncio.sleep(2.0)  # let the plan for the full fleet settle
         # A real fleet is a thousand small processes; this one process holds all their
