@@ -43,7 +43,6 @@ from netopt.coordinator.storeapi import (
 from netopt.errors import DependencyError, StorageError
 
 if TYPE_CHECKING:
-    from netopt.coordinator.pgingest import AsyncIngest
     from netopt.coordinator.pgstore import PgStore
 
 __all__ = [
@@ -212,16 +211,12 @@ class StoreRunner(abc.ABC):
             asyncio.get_running_loop().create_task(self._drain())
         return await future
 
-    async def _store_group(self, batches: list[BatchToStore]) -> list[IngestResult]:
-        """One group commit (on the database thread here)."""
-        return await self._run(self.store.ingest, batches)
-
     async def _drain(self) -> None:
         try:
             while self._pending:
                 group, self._pending = self._pending, []
                 try:
-                    results = await self._store_group([b for b, _ in group])
+                    results = await self._run(self.store.ingest, [b for b, _ in group])
                 except Exception as exc:  # every waiter gets the failure
                     for _, future in group:
                         if not future.done():
@@ -343,9 +338,8 @@ class Database(StoreRunner):
 
 
 class PgDatabase(StoreRunner):
-    """PostgreSQL at ``url``: the writer (registry, catalogue, sweeps) on one thread;
-    matrix queries, pings, the election and the probe plans on a second connection and
-    thread; ingest on a third connection, from the event loop."""
+    """PostgreSQL at ``url``: the writer on one thread; matrix queries, pings and the
+    election on a second connection and thread."""
 
     shared = True
 
@@ -355,7 +349,6 @@ class PgDatabase(StoreRunner):
         self._password = password
         self._pg_reader: PgStore | None = None
         self._pg_writer: PgStore | None = None
-        self._ingester: AsyncIngest | None = None
 
     def _connect(self, *, migrate: bool) -> PgStore:
         try:  # psycopg is the `postgres` extra: only a PostgreSQL coordinator needs it
@@ -370,33 +363,6 @@ class PgDatabase(StoreRunner):
     def _open_store(self) -> CoordinatorStore:
         self._pg_writer = self._connect(migrate=True)
         return self._pg_writer
-
-    async def open(self) -> None:
-        """Open (and migrate) the database, then the event loop's ingest connection."""
-        await super().open()
-        from netopt.coordinator.pgingest import AsyncIngest  # psycopg is there: opened
-
-        self._ingester = AsyncIngest(self._url, self._password)
-
-    async def _store_group(self, batches: list[BatchToStore]) -> list[IngestResult]:
-        """One group's statement, sent from the event loop (``pgingest``: no thread
-        hand-over per group)."""
-        ingester = self._ingester
-        if ingester is None:
-            raise StorageError("database is not open")
-        started = time.perf_counter()
-        try:
-            return await ingester.ingest(batches)
-        finally:
-            if self.observe is not None:
-                self.observe("ingest", time.perf_counter() - started)
-
-    async def close(self) -> None:
-        """Close the ingest connection, then the store's."""
-        if self._ingester is not None:
-            ingester, self._ingester = self._ingester, None
-            await ingester.close()
-        await super().close()
 
     @property
     def _writer(self) -> PgStore:

@@ -31,8 +31,7 @@ import psycopg
 from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest, VersionState
 from netopt.coordinator.matrix import LinkRow
 from netopt.coordinator.matrix_query import POSTGRES_SQL, pair_entries, region_pair_entries
-from netopt.coordinator.pgingest import CONNECT_OPTIONS, INGEST_SQL, IngestCall, first_line
-from netopt.coordinator.store import NODE_COLUMNS, node_from_row
+from netopt.coordinator.store import NODE_COLUMNS, node_from_row, summary_json
 from netopt.coordinator.storeapi import (
     SCHEMA_VERSION,
     BatchToStore,
@@ -52,6 +51,7 @@ T = TypeVar("T")
 # Advisory lock keys (any 64-bit numbers that no other program on the database uses).
 MIGRATION_LOCK_KEY = 0x6E65746F70740001
 LEADER_LOCK_KEY = 0x6E65746F70740002
+CONNECT_TIMEOUT_S = 5
 _LINK_COLUMNS = (
     "SELECT src, dst, taken_at_s, rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms,"
     " loss_ratio, probes_sent, probes_received, single_stream_bps, aggregate_bps"
@@ -66,6 +66,36 @@ _PUBLISH_PLAN = (
     " FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
     " AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = %(key)s)"
     " RETURNING seq"
+)
+# One statement, so one round trip and no explicit transaction, for a whole group: the
+# batch keys no replica stored yet are inserted (ON CONFLICT DO NOTHING: a key another
+# replica is inserting at the same moment waits for that one's commit, then conflicts)
+# and only their summaries follow, read from the JSON the coordinator stores anyway
+# (data_json, SQLite's row too; a json element's text is its input, unchanged). The
+# statement is atomic: all of it is stored or nothing. Keys are taken in one order (by
+# key), so two replicas storing overlapping groups wait for each other, never deadlock.
+# Returns the keys stored.
+_INGEST = (
+    "WITH offered AS ("
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::int[])"
+    " WITH ORDINALITY AS o (node, batch_id, received_at_s, summary_count, n)),"
+    " docs AS (SELECT * FROM json_array_elements(%s::json) WITH ORDINALITY AS d (summaries, n)),"
+    " new AS (INSERT INTO batches (node, batch_id, received_at_s, summary_count)"
+    " SELECT node, batch_id, received_at_s, summary_count FROM offered ORDER BY node, batch_id"
+    " ON CONFLICT (node, batch_id) DO NOTHING RETURNING node, batch_id),"
+    " kept AS (INSERT INTO summaries (node, batch_id, src, dst, taken_at_s, method,"
+    " rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms, loss_ratio, probes_sent,"
+    " probes_received, single_stream_bps, aggregate_bps, data_json)"
+    " SELECT o.node, o.batch_id, f.src, f.dst, f.taken_at_s, f.method,"
+    " (f.rtt_ms->>'p50')::float8, (f.rtt_ms->>'p99')::float8, (f.rtt_ms->>'min')::float8,"
+    " f.jitter_ms, f.loss_ratio, f.probes_sent, f.probes_received, f.single_stream_bps,"
+    " f.aggregate_bps, e.s::text"
+    " FROM new JOIN offered o USING (node, batch_id) JOIN docs d ON d.n = o.n,"
+    " json_array_elements(d.summaries) WITH ORDINALITY AS e (s, i),"
+    " json_to_record(e.s) AS f (src text, dst text, taken_at_s float8, method text,"
+    " rtt_ms jsonb, jitter_ms float8, loss_ratio float8, probes_sent int, probes_received int,"
+    " single_stream_bps float8, aggregate_bps float8) ORDER BY o.n, e.i)"
+    " SELECT node, batch_id FROM new"
 )
 
 
@@ -87,10 +117,18 @@ class PgStore:
     def _connect(self) -> psycopg.Connection[Any]:
         extra: dict[str, Any] = {} if self._password is None else {"password": self._password}
         try:
-            return psycopg.connect(self._url, **CONNECT_OPTIONS, **extra)
+            return psycopg.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                application_name="netopt-coordinator",
+                # A dead peer is noticed in ~10 s rather than the kernel's two hours.
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                **extra,
+            )  # fmt: skip
         except psycopg.Error as exc:
             raise StorageError(
-                f"cannot connect to database {redact_url(self._url)}: {first_line(exc)}"
+                f"cannot connect to database {redact_url(self._url)}: {_first_line(exc)}"
             ) from None
         except ValueError as exc:  # libpq rejected the URL itself
             raise StorageError(f"bad database URL {redact_url(self._url)}: {exc}") from None
@@ -106,7 +144,7 @@ class PgStore:
             return fn()
         except psycopg.Error as exc:
             raise StorageError(
-                f"{doing} failed on database {redact_url(self._url)}: {first_line(exc)}"
+                f"{doing} failed on database {redact_url(self._url)}: {_first_line(exc)}"
             ) from None
 
     def _migrate(self) -> None:
@@ -275,8 +313,29 @@ class PgStore:
         """
 
         def write() -> list[IngestResult]:
-            call = IngestCall(batches)
-            return call.results(self._conn().execute(INGEST_SQL, call.args).fetchall())
+            kept = [[x for x in b.summaries if x.taken_at_s >= b.oldest_kept_s] for b in batches]
+            first: dict[tuple[str, str], int] = {}
+            for index, batch in enumerate(batches):
+                first.setdefault((batch.node, batch.batch_id), index)
+            offered = sorted(first.values())
+            # One JSON text (a list of JSON strings would be escaped, slowly, as an array):
+            # per batch offered, the list of its kept summaries' stored JSON.
+            docs = ",".join("[" + ",".join(map(summary_json, kept[i])) + "]" for i in offered)
+            args = (
+                [batches[i].node for i in offered],
+                [batches[i].batch_id for i in offered],
+                [batches[i].received_at_s for i in offered],
+                [len(kept[i]) for i in offered],
+                f"[{docs}]",
+            )
+            rows = self._conn().execute(_INGEST, args).fetchall()
+            stored = {first[(node, batch_id)] for node, batch_id in rows}
+            return [
+                IngestResult(b.batch_id, False, len(kept[i]), len(b.summaries) - len(kept[i]))
+                if i in stored
+                else IngestResult(b.batch_id, True, 0, 0)
+                for i, b in enumerate(batches)
+            ]
 
         return self._guard(f"storing {len(batches)} batch(es)", write)
 
@@ -441,3 +500,8 @@ class PgStore:
             return catalogue.describe(live, now_s)
 
         return self._guard("reading the catalogue", read)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
