@@ -221,20 +221,22 @@ async def _register(i: int, session: aiohttp.ClientSession, url: str) -> None:
         assert response.status == 200, await response.text()
 
 
-async def _register_all(url: str, sessions: list[aiohttp.ClientSession]) -> None:
-    """Register agent ``i`` over ``sessions[i]``, 50 at a time."""
+async def _register_all(urls: list[str], sessions: list[aiohttp.ClientSession]) -> None:
+    """Register agent ``i`` over ``sessions[i]`` with the replica ``urls[i % len(urls)]``
+    it reports to (as an agent registers with the first replica that answers), 50 at a
+    time."""
     limit = asyncio.Semaphore(50)
 
     async def register(i: int) -> None:
         async with limit:
-            await _register(i, sessions[i], url)
+            await _register(i, sessions[i], urls[i % len(urls)])
 
     await asyncio.gather(*(register(i) for i in range(len(sessions))))
 
 
 async def _register_fleet(url: str, agents: int) -> None:
     async with _session(headers=AUTH) as session:
-        await _register_all(url, [session] * agents)
+        await _register_all([url], [session] * agents)
 
 
 async def _agent(
@@ -287,7 +289,7 @@ async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> d
     ]
     try:
         registering = time.monotonic()
-        await _register_all(url, sessions)
+        await _register_all(urls, sessions)
         out["register_all_s"] = time.monotonic() - registering
         await asyncio.sleep(2.0)  # let the plan for the full fleet settle
         # A real fleet is a thousand small processes; this one process holds all their
@@ -308,11 +310,11 @@ async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> d
             )
             for i in range(args.agents)
         ]
-        cpu0, wall0 = sum(map(_cpu_s, pids)), time.monotonic()
+        each0, wall0 = list(map(_cpu_s, pids)), time.monotonic()
         client0, pressure0 = time.process_time(), _cpu_pressure_us()
         pg0 = _postgres_cpu_s() if args.database else 0.0
         await asyncio.gather(*tasks)
-        cpu1, wall1 = sum(map(_cpu_s, pids)), time.monotonic()
+        each1, wall1 = list(map(_cpu_s, pids)), time.monotonic()
         client1, pressure1 = time.process_time(), _cpu_pressure_us()
         pg1 = _postgres_cpu_s() if args.database else 0.0
         watcher.cancel()
@@ -322,7 +324,10 @@ async def _load(urls: list[str], pids: list[int], args: argparse.Namespace) -> d
     finally:
         gc.enable()
         await asyncio.gather(*(s.close() for s in sessions))
-    out["cpu_pct_of_one_core"] = 100 * (cpu1 - cpu0) / (wall1 - wall0)
+    out["cpu_pct_of_one_core"] = 100 * (sum(each1) - sum(each0)) / (wall1 - wall0)
+    out["cpu_pct_per_replica"] = [
+        100 * (after - before) / (wall1 - wall0) for before, after in zip(each0, each1, strict=True)
+    ]
     out["postgres_cpu_pct_of_one_core"] = (
         100 * (pg1 - pg0) / (wall1 - wall0) if args.database else None
     )
@@ -389,9 +394,14 @@ def _server_side(metrics: str) -> dict[str, float | None]:
 
 
 def _start_coordinator(
-    tmp: str, port: int, database: str, pin: bool, tls_yaml: str = ""
+    tmp: str, port: int, database: str, pin: bool, tls_yaml: str = "", core: int = 0
 ) -> subprocess.Popen[bytes]:
-    """A coordinator on ``database``: a file name in ``tmp``, or a postgresql:// URL."""
+    """A coordinator on ``database``: a file name in ``tmp``, or a postgresql:// URL.
+
+    ``pin``: the coordinator runs on core ``_CPUS[core]`` and this process on the others
+    (when ``core`` is not 0, on every core: two replicas then hold both cores of a
+    2-core machine and the load generator goes where the scheduler puts it).
+    """
     where = database if "://" in database else f"{tmp}/{database}"
     config = Path(tmp, f"coordinator-{port}.yaml" if "://" in database else f"{database}.yaml")
     config.write_text(
@@ -403,8 +413,8 @@ def _start_coordinator(
         stderr=None if os.environ.get("BENCH_COORDINATOR_LOG") else subprocess.DEVNULL,
     )
     if pin:
-        os.sched_setaffinity(proc.pid, {_CPUS[0]})
-        os.sched_setaffinity(0, set(_CPUS[1:]))
+        os.sched_setaffinity(proc.pid, {_CPUS[core % len(_CPUS)]})
+        os.sched_setaffinity(0, set(_CPUS[1:]) if core == 0 else set(_CPUS))
     return proc
 
 
@@ -448,6 +458,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--no-pin", action="store_true", help="Do not pin to separate cores.")
     parser.add_argument(
+        "--pin-replicas",
+        choices=("one-core", "separate"),
+        default="one-core",
+        help="With --replicas 2+: all replicas on the first core (the load generator on"
+        " the others), or replica i on core i (the load generator unpinned).",
+    )
+    parser.add_argument(
         "--tls",
         action="store_true",
         help="The coordinator listens over TLS (a CA made here); steady only.",
@@ -480,10 +497,11 @@ def main() -> int:
         tls_yaml = _tls_files(tmp) if args.tls else ""
         scheme = "https" if args.tls else "http"
         try:
-            for _ in range(args.replicas):  # replicas share the one core the bench pins to
+            for index in range(args.replicas):
                 port = _free_port()
                 database = args.database or "coordinator.db"
-                procs.append(_start_coordinator(tmp, port, database, pin, tls_yaml))
+                core = index if args.pin_replicas == "separate" else 0
+                procs.append(_start_coordinator(tmp, port, database, pin, tls_yaml, core))
                 urls.append(f"{scheme}://127.0.0.1:{port}")
                 asyncio.run(_wait_ready(urls[-1], procs[-1]))
             result = asyncio.run(_load(urls, [p.pid for p in procs], args))
@@ -500,6 +518,7 @@ def main() -> int:
         "duration_s": args.duration_s,
         "summaries_per_batch": args.summaries_per_batch,
         "coordinator_pinned_to_one_core": pin,
+        "pin_replicas": args.pin_replicas if pin else "none",
         "store": "postgresql" if args.database else "sqlite",
         "replicas": args.replicas,
         "batches": len(lat),

@@ -263,11 +263,13 @@ async def _every(period_s: float, name: str, step: Callable[[], Awaitable[object
 
 
 async def _flush_and_follow(coordinator: Coordinator) -> None:
-    """Heartbeats out, the other replicas' registry changes in, the election renewed."""
+    """Heartbeats out, the other replicas' registry changes in, the election renewed,
+    the stored probe plan followed (or, leading, a new one stored)."""
     await coordinator.flush_heartbeats()
     await coordinator.refresh_registry()
     if coordinator.db.shared:
         await coordinator.elect()
+        await coordinator.follow_plan()
 
 
 def _lifecycle(
@@ -280,7 +282,7 @@ def _lifecycle(
         await coordinator.load()
         await coordinator.elect()
         await coordinator.sweep()
-        await coordinator.refresh_plan()
+        await coordinator.start_plan()
 
         async def follow() -> None:
             await _flush_and_follow(coordinator)
@@ -341,7 +343,7 @@ def create_app(
         durable_commits=durable,
         password=_database_password(settings.database_password_file),
     )
-    coordinator = Coordinator(settings, db, deps.clock)
+    coordinator = Coordinator(settings, db, deps.clock, deps.heartbeat_flush_s)
     metrics = CoordinatorMetrics(coordinator.state_counts, lambda: coordinator.leader)
     db.observe = metrics.observe_store
     app = web.Application(

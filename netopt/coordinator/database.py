@@ -36,6 +36,7 @@ from netopt.coordinator.storeapi import (
     BatchToStore,
     CoordinatorStore,
     IngestResult,
+    PlanRow,
     database_kind,
     redact_url,
 )
@@ -144,6 +145,16 @@ class StoreRunner(abc.ABC):
         needs the database and it cannot be reached.
         """
         return True
+
+    async def plans_after(self, seq: int) -> list[PlanRow]:
+        """The probe plans the elected replica stored after ``seq`` (a shared store's;
+        one replica plans in memory). Raises StorageError."""
+        raise StorageError(f"database {self.description} keeps no elected probe plans")
+
+    async def publish_plan(self, row: PlanRow) -> int | None:
+        """Store ``row`` (its ``seq`` is ignored) while this replica leads; the new
+        ``seq``, or None when it does not lead. Raises StorageError."""
+        raise StorageError(f"database {self.description} keeps no elected probe plans")
 
     async def route_chunks(
         self,
@@ -400,6 +411,23 @@ class PgDatabase(StoreRunner):
     async def elect(self) -> bool:
         """Whether this replica holds PostgreSQL's leader lock (taking it when free)."""
         return await self._timed("elect", self._reader_executor, self._reader_store.try_lead)
+
+    async def plans_after(self, seq: int) -> list[PlanRow]:
+        """The stored probe plans after ``seq``, read on the reader thread."""
+        reader = self._reader_store
+        return await self._timed(
+            "plans_after", self._reader_executor, lambda: reader.plans_after(seq)
+        )
+
+    async def publish_plan(self, row: PlanRow) -> int | None:
+        """Stored on the connection that holds the leader lock, only while it holds it."""
+        reader = self._reader_store
+
+        def publish() -> int | None:
+            return reader.publish_plan(row.version, row.plan_json, row.computed_at_s,
+                                       row.active_from_s)  # fmt: skip
+
+        return await self._timed("publish_plan", self._reader_executor, publish)
 
 
 def open_database(

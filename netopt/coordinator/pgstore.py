@@ -36,6 +36,7 @@ from netopt.coordinator.storeapi import (
     SCHEMA_VERSION,
     BatchToStore,
     IngestResult,
+    PlanRow,
     StoredNode,
     migration_statements,
     redact_url,
@@ -55,6 +56,16 @@ _LINK_COLUMNS = (
     "SELECT src, dst, taken_at_s, rtt_p50_ms, rtt_p99_ms, rtt_min_ms, jitter_ms,"
     " loss_ratio, probes_sent, probes_received, single_stream_bps, aggregate_bps"
     " FROM summaries WHERE taken_at_s >= %s ORDER BY id"
+)
+PLANS_KEPT = 8  # stored plans kept: the active one and those waiting for their time
+# Stored only while this session holds the leader lock (a replica that lost it without
+# noticing yet writes nothing); pg_locks shows a bigint key as classid (high half), objid.
+_PUBLISH_PLAN = (
+    "INSERT INTO probe_plans (version, plan_json, computed_at_s, active_from_s)"
+    " SELECT %(version)s, %(plan)s, %(computed)s, %(active)s WHERE EXISTS (SELECT 1"
+    " FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted"
+    " AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = %(key)s)"
+    " RETURNING seq"
 )
 # One statement, so one round trip and no explicit transaction, for a whole group: the
 # batch keys no replica stored yet are inserted (ON CONFLICT DO NOTHING: a key another
@@ -185,6 +196,35 @@ class PgStore:
         except StorageError:
             self._leading = False
             raise
+
+    def publish_plan(self, version: str, plan_json: str, computed_at_s: float,
+                     active_from_s: float) -> int | None:  # fmt: skip
+        """Store a probe plan if this connection holds the leader lock; its ``seq``, or
+        None when it does not (nothing stored). Keeps the newest ``PLANS_KEPT``."""
+
+        def write() -> int | None:
+            db = self._conn()
+            args = {"version": version, "plan": plan_json, "computed": computed_at_s,
+                    "active": active_from_s, "key": LEADER_LOCK_KEY}  # fmt: skip
+            with db.transaction():
+                row = db.execute(_PUBLISH_PLAN, args).fetchone()
+                if row is None:
+                    return None
+                db.execute("DELETE FROM probe_plans WHERE seq <= %s", (row[0] - PLANS_KEPT,))
+                return int(row[0])
+
+        return self._guard("storing the probe plan", write)
+
+    def plans_after(self, seq: int) -> list[PlanRow]:
+        """The stored probe plans with a ``seq`` above ``seq``, oldest first."""
+        sql = (
+            "SELECT seq, version, plan_json, computed_at_s, active_from_s FROM probe_plans"
+            " WHERE seq > %s ORDER BY seq"
+        )
+        rows = self._guard(
+            "reading probe plans", lambda: self._conn().execute(sql, (seq,)).fetchall()
+        )
+        return [PlanRow(int(r[0]), r[1], r[2], float(r[3]), float(r[4])) for r in rows]
 
     def nodes(self) -> list[StoredNode]:
         """Every node ever registered."""

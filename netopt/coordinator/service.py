@@ -7,8 +7,6 @@ clock, so liveness can be tested without sleeping.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +15,8 @@ from typing import Any, Literal
 from netopt.cache.residency import residency_violation
 from netopt.config import CoordinatorSettings, DatasetsSettings, load_settings
 from netopt.coordinator.database import StoreRunner
-from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan, make_plan
+from netopt.coordinator.plan import PlanNode, PlanOptions, ProbePlan
+from netopt.coordinator.planners import ElectedPlanner, LocalPlanner, Planner
 from netopt.coordinator.store import BatchToStore, IngestResult, StoredNode
 from netopt.errors import NetoptError, NotFoundError, ResidencyError
 from netopt.names import DATASET_NAME_RE, NODE_NAME_RE
@@ -27,9 +26,6 @@ from netopt.wire.schema import Heartbeat, Registration, RequestInvalid, SummaryB
 __all__ = ["Coordinator", "NodeState", "NotFoundError", "PlacementRequest", "node_state"]
 
 NodeState = Literal["live", "stale", "left"]
-PLAN_CACHE_S = 1.0
-INLINE_PLAN_NODES = 128
-REPLAN_MIN_INTERVAL_S = 2.0
 
 
 def node_state(node: StoredNode, now_s: float, stale_after_s: float) -> NodeState:
@@ -61,26 +57,23 @@ class PlacementRequest:
         return cls(dataset, node, region)
 
 
-@dataclass
-class _PlanCache:
-    generation: int = -1
-    computed_at_s: float = float("-inf")
-    key: tuple[PlanNode, ...] = ()
-    plan: ProbePlan | None = None
-
-
 class Coordinator:
     """Registry and link matrix over a :class:`StoreRunner`; one per application.
 
     The registry is cached in memory. On a store that several replicas share
     (``db.shared``) a node registered through another replica is read from the
     store when first named, and :meth:`refresh_registry` follows the others'
-    changes; work that must happen once (:meth:`sweep`) runs only while
-    :attr:`leader`.
+    changes; work that must happen once (:meth:`sweep`, computing the probe plan:
+    :class:`~netopt.coordinator.planners.ElectedPlanner`) runs only while
+    :attr:`leader`. ``follow_period_s`` is how often the app calls :meth:`follow_plan`.
     """
 
     def __init__(
-        self, settings: CoordinatorSettings, db: StoreRunner, clock: Callable[[], float]
+        self,
+        settings: CoordinatorSettings,
+        db: StoreRunner,
+        clock: Callable[[], float],
+        follow_period_s: float = 2.0,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -88,9 +81,6 @@ class Coordinator:
         self.nodes: dict[str, StoredNode] = {}
         self._dirty: set[str] = set()
         self._generation = 0
-        self._plan = _PlanCache()
-        self._planning: asyncio.Task[None] | None = None
-        self._replan_started_s = float("-inf")
         self._registry_cursor: int | None = None
         self.leader = False
         self.catalogue: DatasetsSettings | None = None
@@ -105,6 +95,14 @@ class Coordinator:
             bandwidth_slot_s=pp.bandwidth_slot_s,
             bandwidth_tests=pp.bandwidth_tests,
         )
+        self.planner: Planner = (
+            ElectedPlanner(db, self.plan_options, clock, self._live_key, follow_period_s)
+            if db.shared
+            else LocalPlanner(
+                self.plan_options, clock, self._live_key,
+                lambda: self._generation, lambda: len(self.nodes),
+            )
+        )  # fmt: skip
 
     async def load(self) -> None:
         """Read the registry from the database (after a restart)."""
@@ -263,58 +261,20 @@ class Coordinator:
         )  # fmt: skip
 
     def plan(self) -> ProbePlan:
-        """The fleet's plan over the live nodes, following joins, leaves and staleness.
+        """The fleet's plan this replica serves (see :mod:`netopt.coordinator.planners`)."""
+        return self.planner.plan()
 
-        Small fleets are planned inline. For more than ``INLINE_PLAN_NODES`` live
-        nodes the new plan is computed on a worker thread while the previous one is
-        served, so a registration storm never stalls the event loop.
-        """
-        now = self.clock()
-        cache = self._plan
-        big = len(self.nodes) > INLINE_PLAN_NODES
-        if (
-            cache.plan is not None
-            and (big or cache.generation == self._generation)
-            and now - cache.computed_at_s < PLAN_CACHE_S
-        ):
-            # A big fleet looks at its membership at most once per PLAN_CACHE_S: during
-            # a registration storm every join would otherwise cost O(fleet) work.
-            return cache.plan
-        key = self._live_key(now)
-        cache.generation, cache.computed_at_s = self._generation, now
-        if cache.plan is not None and key == cache.key:
-            return cache.plan
-        if cache.plan is None or len(key) <= INLINE_PLAN_NODES:
-            cache.plan, cache.key = make_plan(key, self.plan_options), key
-        elif (self._planning is None or self._planning.done()) and (
-            now - self._replan_started_s >= REPLAN_MIN_INTERVAL_S
-        ):
-            # At most one big replan per interval: a registration storm of a thousand
-            # agents then costs a few plans, not a thousand.
-            self._replan_started_s = now
-            self._planning = asyncio.get_running_loop().create_task(self._replan(key))
-        else:
-            cache.key = ()  # not planned yet: compare again at the next look
-        return cache.plan
+    async def start_plan(self) -> None:
+        """The first plan, at start-up (after :meth:`load` and :meth:`elect`)."""
+        await self.planner.start(self.leader)
 
-    async def _replan(self, key: tuple[PlanNode, ...]) -> None:
-        plan = await asyncio.to_thread(make_plan, key, self.plan_options)
-        self._plan.plan, self._plan.key = plan, key
-        self._plan.computed_at_s = float("-inf")  # membership may have moved on meanwhile
-
-    async def refresh_plan(self) -> ProbePlan:
-        """Compute the plan now on a worker thread (at start-up, after loading)."""
-        key = self._live_key(self.clock())
-        plan = await asyncio.to_thread(make_plan, key, self.plan_options)
-        self._plan = _PlanCache(self._generation, self.clock(), key, plan)
-        return plan
+    async def follow_plan(self) -> None:
+        """Each follow period: the stored plan read, or (leading) a new one stored."""
+        await self.planner.follow(self.leader)
 
     async def close(self) -> None:
         """Stop a plan computation in progress."""
-        if self._planning is not None and not self._planning.done():
-            self._planning.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._planning
+        await self.planner.close()
 
     async def node_plan(self, name: str) -> dict[str, Any]:
         """One agent's plan; a node that is not live gets an empty plan."""

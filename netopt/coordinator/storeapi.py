@@ -30,6 +30,7 @@ __all__ = [
     "BatchToStore",
     "CoordinatorStore",
     "IngestResult",
+    "PlanRow",
     "StoredNode",
     "database_kind",
     "migration_statements",
@@ -106,6 +107,17 @@ MIGRATIONS: tuple[str, ...] = (
     # it NULL), so replicas read only the rows changed since their last read.
     """
     ALTER TABLE nodes ADD COLUMN changed_xid {xid8}
+    """,
+    # 4: the probe plans the elected replica computed, which every replica serves from
+    # active_from_s on (PostgreSQL; SQLite plans in memory and leaves it empty).
+    """
+    CREATE TABLE probe_plans (
+        seq {rowid},
+        version TEXT NOT NULL,
+        plan_json TEXT NOT NULL,
+        computed_at_s {float} NOT NULL,
+        active_from_s {float} NOT NULL
+    )
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -189,6 +201,18 @@ class BatchToStore:
     summaries: Sequence[LinkSummary]
     received_at_s: float
     oldest_kept_s: float
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """A ``probe_plans`` row: a plan the elected replica stored (``plan_json``:
+    :func:`netopt.coordinator.plan_json.plan_to_json`)."""
+
+    seq: int
+    version: str
+    plan_json: str
+    computed_at_s: float
+    active_from_s: float
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,9 +23,10 @@ import aiohttp
 import psycopg
 import pytest
 from aiohttp import web
-from coordinator_helpers import TOKEN, free_port, registration
+from coordinator_helpers import TOKEN, registration
 from dataplane_helpers import CPU, FAST, check_tree
 from dataplane_helpers import start as start_origin
+from replica_helpers import REPO, Replica
 
 from netopt.agent.metrics import AgentMetrics
 from netopt.agent.reporter import NeedsRegistration, Reporter
@@ -44,50 +44,10 @@ from netopt.wire.client import CoordinatorClient
 from netopt.wire.schema import LinkSummary, Registration, RttFigures
 from tests.pgserver import PASSWORD, PgServer
 
-REPO = Path(__file__).resolve().parents[2]
 AGENTS = 16
 ROUNDS = 24
 PER_ROUND = 8
 KILL_AFTER_ROUND = 8
-
-
-class Replica:
-    """``python -m netopt coordinator`` on a PostgreSQL URL (password from PGPASSWORD)."""
-
-    def __init__(self, tmp_path: Path, name: str, database: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config = tmp_path / f"{name}.yaml"
-        self.config.write_text(
-            f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {self.port}}}\n"
-            f"token: {TOKEN}\ndatabase: {database}\nstale_after_s: 600\n"
-        )
-        self.log = tmp_path / f"{name}.log"
-        env = {**os.environ, "PGPASSWORD": PASSWORD}
-        env.pop("NETOPT_TOKEN", None)
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "netopt", "coordinator", "--config", str(self.config)],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    async def wait_ready(self, session: aiohttp.ClientSession) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                async with session.get(self.url + "/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-        pytest.fail(f"replica did not become ready: {self.log.read_text()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=20)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from coordinator_helpers import AUTH, TOKEN, batch, make_settings, registration,
 
 from netopt.config import parse_settings
 from netopt.coordinator.app import COORDINATOR, CoordinatorDeps, create_app
+from netopt.coordinator.pgstore import PLANS_KEPT, PgStore
 from netopt.errors import ConfigError
 from tests.pgserver import PASSWORD, PgServer
 
@@ -235,3 +237,28 @@ async def test_region_sharing_state_is_shared_by_the_replicas(
     body = {"node": "hk-1", "chunk_count": 5, "want": [0]}
     wrong = await b.post(f"/api/v1/datasets/ds/versions/{MANIFEST}/route", json=body, headers=AUTH)
     assert wrong.status == 400
+
+
+def test_only_the_lock_holder_stores_a_plan_and_old_plans_go(postgres_server: PgServer) -> None:
+    url = postgres_server.new_database()
+    holder, other = PgStore(url, password=PASSWORD), PgStore(url, password=PASSWORD)
+    try:
+        assert other.publish_plan("v0", "{}", 1.0, 1.0) is None  # nobody leads yet
+        assert holder.try_lead()
+        assert not other.try_lead()
+        assert other.publish_plan("v0", "{}", 1.0, 1.0) is None
+        seqs = [holder.publish_plan(f"v{i}", "{}", float(i), float(i) + 5) for i in range(12)]
+        assert all(seq is not None for seq in seqs)
+        kept = other.plans_after(0)
+        assert [p.version for p in kept] == [f"v{i}" for i in range(12 - PLANS_KEPT, 12)]
+        assert (kept[-1].computed_at_s, kept[-1].active_from_s) == (11.0, 16.0)
+        assert other.plans_after(kept[-1].seq) == []
+        holder.close()  # the lock goes with the connection (the server notices at once)
+        deadline = time.monotonic() + 10
+        while not other.try_lead():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert other.publish_plan("v12", "{}", 12.0, 17.0) is not None
+    finally:
+        holder.close()
+        other.close()

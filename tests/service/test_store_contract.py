@@ -225,13 +225,14 @@ def test_a_newer_schema_is_refused(opener: Opener) -> None:
 def test_an_older_schema_is_migrated_keeping_its_rows(opener: Opener) -> None:
     store: Any = opener()
     store.ingest([_batch("hk-1", "b1", [1000.0])])
-    for statement in ("DROP TABLE catalogue_holdings", "DROP TABLE catalogue_versions",
+    for statement in ("DROP TABLE probe_plans",
+                      "DROP TABLE catalogue_holdings", "DROP TABLE catalogue_versions",
                       "ALTER TABLE nodes DROP COLUMN changed_xid",
                       "UPDATE schema_version SET version = 1"):  # fmt: skip
         store._db.execute(statement)
     store.close()
     again: CoordinatorStore = opener()
-    assert again.schema_version() == SCHEMA_VERSION == 3
+    assert again.schema_version() == SCHEMA_VERSION == 4
     assert again.counts() == (1, 1)
 
 
