@@ -197,6 +197,7 @@ def _print_train(report: dict[str, Any]) -> None:
     console.print(table)
     for name, goal in report["goals"].items():
         state = "met" if goal["met"] else "NOT met"
+        state += " (another measure, beside the goal)" if goal.get("beside_the_goal") else ""
         console.print(f"goal {name}: {goal['value']:.3f} (limit {goal['limit']}) {state}",
                       markup=False)  # fmt: skip
 

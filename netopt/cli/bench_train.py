@@ -66,6 +66,12 @@ GLOO_VERSION = (2, 21, 5)
 """The NCCL version nccl-env is asked about (Gloo reads none of it; the env file is kept)."""
 
 
+BUFFERS_REASON = (
+    "the model's one buffer, the causal mask, is the same on every rank and never changes: "
+    "DDP(broadcast_buffers=False) saves the broadcast from rank 0 (across the border) that "
+    "DDP otherwise starts every forward pass with"
+)
+
 DEFAULT_SHAPE = ModelShape(256, 7, 4, 128)
 """5.7 M parameters (23 MB of fp32 gradients), a step about 1 s of CPU per rank."""
 
@@ -125,7 +131,8 @@ def interleave(nodes: Sequence[str], region_of: Callable[[str], str]) -> tuple[s
 def choose_hook(advice: Advice, two_level_noted: bool) -> tuple[str, str]:
     """The bench's hook for ``advice``: (hook, why)."""
     if advice.hook == "hierarchical_powerSGD_hook":
-        return "hierarchical-powersgd", advice.hook_reason
+        alternate = "-alternating" if advice.powersgd_alternate else ""
+        return "hierarchical-powersgd" + alternate, advice.hook_reason
     if advice.hook == "powerSGD_hook":
         return "powersgd", advice.hook_reason
     if advice.hook == "bf16_compress_hook":
@@ -200,7 +207,8 @@ def run_train_loopback(options: TrainOptions, ranks: int) -> dict[str, Any]:
         docs = _run_loopback_ranks(ranks, {**flags, "data_url": url, "hook": "none"},
                                    deadline.left("the defaults' run"))  # fmt: skip
     defaults = summarize("defaults", names, docs, settings={"data": "plain HTTP, 127.0.0.1"})
-    docs = _run_loopback_ranks(ranks, {**flags, "data_dir": str(shards), "hook": hook},
+    docs = _run_loopback_ranks(ranks, {**flags, "data_dir": str(shards), "hook": hook,
+                                       "no_broadcast_buffers": True},
                                deadline.left("netopt's run"))  # fmt: skip
     netopt = summarize("netopt", names, docs, settings={
         "data": "CachedDataset over the local shards (loopback: no border to sync across)",
@@ -486,6 +494,7 @@ def run_train_lab(
         bucket_cap_mb = advice.bucket_cap_mb if options.buckets == "auto" else None
         docs, border = _lab_ranks(lab, order.advised, {**flags, "hook": hook,
                                   "powersgd_rank": psgd_rank, "bucket_cap_mb": bucket_cap_mb,
+                                  "no_broadcast_buffers": True,
                                   "regions": ",".join(region_of(n) for n in order.advised)},
                                   env, deadline.left("netopt's run"), regions,
                                   per_node_dir)  # fmt: skip
@@ -495,6 +504,7 @@ def run_train_lab(
             "advice_reason": advice.hook_reason,
             "advice_notes": list(advice.notes), "hook_why": why,
             "bucket_cap_mb": bucket_cap_mb, "bucket_reason": advice.bucket_reason,
+            "broadcast_buffers": False, "broadcast_buffers_reason": BUFFERS_REASON,
             "accumulation": None if advice.accumulation is None else {
                 "micro_batches": advice.accumulation.micro_batches,
                 "applied": False,

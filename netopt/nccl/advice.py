@@ -119,6 +119,7 @@ class _Choice:
     after: float
     cap_mb: int
     bucket_reason: str
+    alternate: bool = False
 
 
 def advise(
@@ -173,6 +174,7 @@ def advise(
         averaging=local_averaging,
         bucket_cap_mb=choice.cap_mb,
         bucket_reason=choice.bucket_reason,
+        powersgd_alternate=choice.alternate,
     )
 
 
@@ -228,6 +230,7 @@ def _bucket_text(
 _GLOO_NAMES = {
     "none": "none", "bf16": "bf16_compress_hook", "powersgd": "powerSGD_hook",
     "hierarchical-powersgd": "hierarchical_powerSGD_hook",
+    "hierarchical-powersgd-alternating": "hierarchical_powerSGD_hook",
 }  # fmt: skip
 
 
@@ -273,12 +276,39 @@ def _gloo_choice(
                 f"backward, a flat ring's {flat.exposed_s:.3g}s: apply_comm_hook(model, "
                 f"'hierarchical_powerSGD_hook', regions=..., powersgd_rank={rank})"
             )
+            alt = _alternating(fabric, layout, compute_s, backward_s, rank, plan.cap.exposed_s)
+            if alt is not None:
+                hook, reason = "hierarchical-powersgd-alternating", reason + alt
     cap = glooplan.choose_cap(fabric, hook, layout, backward_s, BUCKET_CAPS_MB, rank or 4)
     default = glooplan.exposed_s(fabric, hook, default_buckets, backward_s, rank or 4)
     after = _share(cap.exposed_s, compute_s)
     text = _bucket_text(cap.cap_mb, backward_s, cap.exposed_s,
                         default if cap.cap_mb != BUCKET_CAPS_MB[0] else None, why)  # fmt: skip
-    return _Choice(_GLOO_NAMES[hook], rank, reason, after, cap.cap_mb, text)
+    return _Choice(_GLOO_NAMES[hook], rank, reason, after, cap.cap_mb, text,
+                   alternate=hook.endswith("-alternating"))  # fmt: skip
+
+
+def _alternating(
+    fabric: Fabric, layout: tuple[tuple[int, int], ...], compute_s: float, backward_s: float,
+    rank: int, two_exchanges_s: float,
+) -> str | None:  # fmt: skip
+    """Why the alternating variant (P or Q in turn, one border exchange per bucket) is
+    advised at ``rank``, or None where it does not shorten the step by more than
+    ``RANK_PRICE``: each step's approximation is one-sided and a step behind (half a
+    power iteration a step), left to error feedback, so it must pay for itself."""
+    cap = glooplan.choose_cap(fabric, "hierarchical-powersgd-alternating", layout,
+                              backward_s, BUCKET_CAPS_MB, rank)  # fmt: skip
+    two, one = compute_s + two_exchanges_s, compute_s + cap.exposed_s
+    if one >= two * (1 - glooplan.RANK_PRICE):
+        return None
+    return (
+        f"; sending P and Q in turn, one border exchange a bucket and step instead of two "
+        f"(apply_comm_hook(..., powersgd_alternate=True)), leaves {cap.exposed_s:.3g}s "
+        f"after backward instead of {two_exchanges_s:.3g}s; "
+        f"each step then projects the mean gradient on one side only, on the subspace "
+        f"of the step before (half a power iteration a step), the rest left to error "
+        f"feedback"
+    )
 
 
 def _bucket_sizes(grad_bytes: int, bucket_bytes: int) -> list[int]:

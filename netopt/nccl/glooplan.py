@@ -20,8 +20,9 @@ The model (:func:`exposed_s`):
 - A bucket's collective is a chain of stages, each on one resource (:func:`stages`):
   Gloo's flat ring is one stage on the ring; the region hierarchy is the reduce in
   the region, the leaders' exchange over the border, the broadcast in the region;
-  PowerSGD does that for P, then for Q. A resource serves one stage at a time, in
-  bucket order; P's and Q's border exchanges share the one border link.
+  PowerSGD does that for P, then for Q (the alternating variant for P or Q in turn:
+  one hierarchy of the two steps' mean bytes). A resource serves one stage at a time,
+  in bucket order; P's and Q's border exchanges share the one border link.
 - Exposed: how long after the backward pass the last stage ends.
 
 :func:`choose_cap` takes the cap with the least exposed time, and among caps within
@@ -51,13 +52,17 @@ __all__ = [
     "ddp_buckets",
     "exposed_s",
     "powersgd_bytes",
+    "powersgd_parts",
     "stages",
     "tie_s",
     "total_s",
     "uniform_layout",
 ]
 
-GLOO_HOOKS = ("none", "bf16", "powersgd", "hierarchical", "hierarchical-powersgd")
+GLOO_HOOKS = (
+    "none", "bf16", "powersgd", "hierarchical", "hierarchical-powersgd",
+    "hierarchical-powersgd-alternating",
+)  # fmt: skip
 MIN_POWERSGD_RANK = 4
 """The least rank advised: PowerSGD's paper (Vogels et al., 2019) trains its language
 model to full accuracy at rank 4; below it the approximation error grows quickly."""
@@ -135,14 +140,23 @@ def powersgd_bytes(
 ) -> tuple[int, int]:
     """(P bytes, Q bytes) of one bucket: ``rows x r`` and ``cols x r`` of each matrix
     compressed, every other tensor whole with P (``netopt.torch.lowrank``'s layout)."""
-    p = q = 0
+    plain, p, q = powersgd_parts(bucket, rank, bytes_per_element)
+    return plain + p, q
+
+
+def powersgd_parts(
+    bucket: Sequence[Shape], rank: int, bytes_per_element: int = 4
+) -> tuple[int, int, int]:
+    """(uncompressed, P, Q) bytes of one bucket. The alternating variant sends the
+    uncompressed tensors and P on one step, them and Q on the next."""
+    plain = p = q = 0
     for rows, cols in bucket:
         r = min(rows, cols, rank)
         if cols > 1 and rows * cols >= MIN_COMPRESSION_RATE * (rows + cols) * r:
             p, q = p + rows * r, q + cols * r
         else:
-            p += rows * cols
-    return p * bytes_per_element, q * bytes_per_element
+            plain += rows * cols
+    return plain * bytes_per_element, p * bytes_per_element, q * bytes_per_element
 
 
 def _hierarchy(fabric: Fabric, size_bytes: float, tag: str) -> list[Stage]:
@@ -190,6 +204,9 @@ def stages(fabric: Fabric, hook: str, bucket: Sequence[Shape], rank: int = 4) ->
         return [flat(full / 2)]
     if hook == "hierarchical":
         return _hierarchy(fabric, full, "")
+    if hook == "hierarchical-powersgd-alternating" and regions:
+        plain, p_only, q_only = powersgd_parts(bucket, rank)
+        return _hierarchy(fabric, plain + (p_only + q_only) / 2, "")  # the two steps' mean
     p, q = powersgd_bytes(bucket, rank)
     # nothing compressed in the bucket (vectors only): P alone, no Q to exchange
     if hook == "powersgd" or not regions:

@@ -209,6 +209,9 @@ class Advice:
     bucket_cap_mb: int | None = None
     """DDP's ``bucket_cap_mb`` for overlap with the backward pass (None: no advice)."""
     bucket_reason: str = ""
+    powersgd_alternate: bool = False
+    """The hierarchical PowerSGD hook sends P or Q in turn, one exchange per step
+    (``apply_comm_hook(..., powersgd_alternate=True)``)."""
 
 
 @dataclass(frozen=True)

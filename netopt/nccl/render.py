@@ -56,6 +56,7 @@ def _header(settings: NcclSettings, node: str | None = None) -> list[str]:
     lines.append(f"# advice: init_process_group(timeout=timedelta(seconds={advice.timeout_s}))")
     lines.append(f"#   {advice.timeout_reason}")
     hook = advice.hook + (f"(rank {advice.powersgd_rank})" if advice.powersgd_rank else "")
+    hook += ", powersgd_alternate=True" if advice.powersgd_alternate else ""
     lines.append(f"# advice: DDP comm hook {hook}: {advice.hook_reason}")
     if advice.bucket_cap_mb is not None:
         lines.append(f"# advice: DDP buckets: {advice.bucket_reason}")
@@ -199,6 +200,7 @@ def settings_as_data(settings: NcclSettings) -> dict[str, Any]:
             "hook": advice.hook,
             "hook_reason": advice.hook_reason,
             "powersgd_rank": advice.powersgd_rank,
+            "powersgd_alternate": advice.powersgd_alternate,
             "comm_share": advice.comm_share,
             "bucket_cap_mb": advice.bucket_cap_mb,
             "bucket_reason": advice.bucket_reason,

@@ -24,7 +24,8 @@ is bounded by the group's timeout.
 :func:`hierarchical_powersgd_state` puts netopt's low-rank hook on top: its P
 and Q all-reduces (small: ``r x (rows + cols)`` per matrix) go through two such
 pipelines, so the border sees two small exchanges between the leaders per bucket
-instead of a flat ring's ``2(n-1)`` border-latency steps each.
+instead of a flat ring's ``2(n-1)`` border-latency steps each; with
+``alternate=True`` one exchange per bucket (P or Q in turn).
 
 Every rank must call :func:`region_groups` at the same point, with the same
 ``regions`` (``dist.new_group`` is collective over the whole world).
@@ -237,17 +238,19 @@ class HierarchicalState:
 
 
 def hierarchical_powersgd_state(
-    torch: Any, regions: Sequence[str], rank: int, start_iter: int
+    torch: Any, regions: Sequence[str], rank: int, start_iter: int, *, alternate: bool = False
 ) -> tuple[Any, RegionGroups]:
     """A :class:`~netopt.torch.lowrank.LowRankState` whose P and Q all-reduces run
     through the region hierarchy (two pipelines, each on its own groups), and this
-    rank's groups. Collective: every rank calls it at the same point."""
+    rank's groups. ``alternate``: one exchange per step, P or Q in turn (after a first
+    low-rank step of both; see :mod:`netopt.torch.lowrank`). Collective: every rank
+    calls it at the same point with the same arguments."""
     p_groups = region_groups(torch, regions)
     q_groups = region_groups(torch, regions)
     p_state, q_state = HierarchicalState(torch, p_groups), HierarchicalState(torch, q_groups)
     state = LowRankState(
         torch=torch, process_group=None, q_group=None, matrix_approximation_rank=rank,
-        start_iter=start_iter,
+        start_iter=start_iter, alternate=alternate,
         sum_p=lambda t: p_state.submit(t, average=False),
         sum_q=lambda t: q_state.submit(t, average=False),
     )  # fmt: skip

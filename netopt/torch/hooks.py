@@ -111,6 +111,7 @@ def apply_comm_hook(
     start_powersgd_iter: int = 1000,
     meter: StepMeter | None = None,
     regions: Sequence[str] | None = None,
+    powersgd_alternate: bool = False,
 ) -> AppliedHook:
     """Register ``hook`` (one of HOOKS) on ``model``, a DistributedDataParallel.
 
@@ -125,7 +126,9 @@ def apply_comm_hook(
     rank must call this at the same point (it creates process groups).
     ``hierarchical_powerSGD_hook`` is netopt's low-rank hook whose P and Q
     all-reduces run through that hierarchy: the border carries two small
-    exchanges between the region leaders per bucket (``powersgd_rank`` needed).
+    exchanges between the region leaders per bucket (``powersgd_rank`` needed);
+    ``powersgd_alternate=True`` makes that one exchange, P or Q in turn (half a power
+    iteration per step, see :mod:`netopt.torch.lowrank`; this hook only).
     With ``meter`` the hook's futures are timed for that :class:`StepMeter`.
     For PowerSGD keep ``AppliedHook.state`` (its error feedback) with checkpoints.
     Raises ValidationError for another model type, an unknown hook or a missing
@@ -159,7 +162,7 @@ def apply_comm_hook(
         if powersgd_rank is None or powersgd_rank < 1:
             raise ValidationError(f"PowerSGD needs a rank >= 1, got {powersgd_rank}")
         state, groups = hierarchical_powersgd_state(
-            torch, regions, powersgd_rank, start_powersgd_iter
+            torch, regions, powersgd_rank, start_powersgd_iter, alternate=powersgd_alternate
         )
         _register(model, state, lowrank_hook, meter)
         note = (
@@ -167,7 +170,11 @@ def apply_comm_hook(
             "all-reduces reduced inside each region, exchanged between the region leaders "
             "and broadcast back"
         )
+        if powersgd_alternate:
+            note += ": one of them per step, P and Q in turn (one border exchange a bucket)"
         return AppliedHook(hook, state, note)
+    if powersgd_alternate:
+        raise ValidationError("powersgd_alternate is for the hierarchical PowerSGD hook only")
     default_hooks = importlib.import_module(f"{_HOOKS_PKG}.default_hooks")
     if hook == "bf16_compress_hook":
         if _bf16_works(torch, process_group):
@@ -215,4 +222,5 @@ def apply_advice(
         start_powersgd_iter=start_powersgd_iter,
         meter=meter,
         regions=regions,
+        powersgd_alternate=advice.powersgd_alternate,
     )

@@ -62,6 +62,11 @@ class StepRecord:
     comm_exposed_s: float
     compute_s: float
     hook_calls: int
+    comm_from_s: float | None = None
+    """The meter's clock at the step's last hook call (the backward pass's compute done);
+    None without hook calls. With ``comm_to_s``, for comparing ranks on one machine."""
+    comm_to_s: float | None = None
+    """The meter's clock when the step's last future completed (at most the step's end)."""
 
 
 def exposed_comm_s(call_times_s: list[float], done_times_s: list[float], end_s: float) -> float:
@@ -239,9 +244,12 @@ class StepMeter:
         body_s = end_s - start_s
         comm_s = min(exposed_comm_s(calls, dones, end_s), body_s)
         step_s, compute_s = data_wait_s + body_s, body_s - comm_s
+        comm_from = max(calls) if calls and dones else None
+        comm_to = None if comm_from is None else max(comm_from, min(max(dones), end_s))
         record = StepRecord(
-            self.job, self.steps, step_s, data_wait_s, comm_s, compute_s, len(calls)
-        )
+            self.job, self.steps, step_s, data_wait_s, comm_s, compute_s, len(calls),
+            comm_from, comm_to,
+        )  # fmt: skip
         self.records.append(record)
         self.steps += 1
         totals = self.totals

@@ -46,7 +46,8 @@ about 2 s at 100 Mbit/s): one is the least that gives PowerSGD a first full grad
 
 def _wire_bytes(model: Any, args: argparse.Namespace) -> int:
     """S: the bytes one step's all-reduce carries, the mean over the steps (PowerSGD:
-    the full gradients for the warm-up steps, then P and Q, the rest uncompressed)."""
+    the full gradients for the warm-up steps, then P and Q, the rest uncompressed; the
+    alternating variant: P or Q in turn, P first, the rest uncompressed every step)."""
     from netopt.torch.lowrank import LowRankState
 
     full = 4 * sum(int(p.numel()) for p in model.parameters())
@@ -55,16 +56,22 @@ def _wire_bytes(model: Any, args: argparse.Namespace) -> int:
     if "powersgd" not in args.hook:
         return full
     probe = LowRankState(None, None, None, args.powersgd_rank)
-    compressed = 0
+    plain = p_bytes = q_bytes = 0
     for p in model.parameters():
         shape = tuple(p.shape)
         if probe.compresses(shape):
             rows, cols = int(shape[0]), int(p.numel()) // int(shape[0])
-            compressed += 4 * min(rows, cols, args.powersgd_rank) * (rows + cols)
+            r = min(rows, cols, args.powersgd_rank)
+            p_bytes, q_bytes = p_bytes + 4 * r * rows, q_bytes + 4 * r * cols
         else:
-            compressed += 4 * int(p.numel())
+            plain += 4 * int(p.numel())
     warm = min(int(args.steps), POWERSGD_START_ITER)
-    return int((warm * full + (args.steps - warm) * compressed) // args.steps)
+    low = args.steps - warm
+    if args.hook.endswith("-alternating"):
+        compressed = low * plain + (low + 1) // 2 * p_bytes + low // 2 * q_bytes
+    else:
+        compressed = low * (plain + p_bytes + q_bytes)
+    return int((warm * full + compressed) // args.steps)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -88,6 +95,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--bucket-cap-mb", type=int, help="DDP's bucket_cap_mb, with gradient_as_bucket_view"
     )
+    parser.add_argument(
+        "--no-broadcast-buffers", action="store_true",
+        help="DDP(broadcast_buffers=False): the model's buffers never change (a constant mask)",
+    )  # fmt: skip
     parser.add_argument("--regions", default="", help="comma-separated region of each rank")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data-url", help="base URL of the shards (plain HTTP)")
@@ -164,10 +175,11 @@ def _register_hook(torch: Any, ddp: Any, args: argparse.Namespace, meter: Any) -
     if args.hook == "hierarchical":
         applied = apply_comm_hook(ddp, "hierarchical_allreduce_hook", regions=regions, meter=meter)
         return applied.name, ""
-    if args.hook == "hierarchical-powersgd":
+    if args.hook.startswith("hierarchical-powersgd"):
         applied = apply_comm_hook(
             ddp, "hierarchical_powerSGD_hook", regions=regions, powersgd_rank=args.powersgd_rank,
             start_powersgd_iter=POWERSGD_START_ITER, meter=meter,
+            powersgd_alternate=args.hook.endswith("-alternating"),
         )  # fmt: skip
         return applied.name, applied.note
     state = HierarchicalState(torch, region_groups(torch, regions))
@@ -236,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.bucket_cap_mb is None
             else {"bucket_cap_mb": args.bucket_cap_mb, "gradient_as_bucket_view": True}
         )
+        if args.no_broadcast_buffers:  # DDP would broadcast them from rank 0 every forward
+            bucketing["broadcast_buffers"] = False
         ddp = torch.nn.parallel.DistributedDataParallel(model, **bucketing)
         params = sum(p.numel() for p in model.parameters())
         meter = StepMeter(args.job, log_path=args.log, rank=args.rank)
@@ -276,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             "data_wait_s": r.data_wait_s,
             "comm_exposed_s": r.comm_exposed_s,
             "compute_s": r.compute_s,
+            "comm_from_s": r.comm_from_s,
+            "comm_to_s": r.comm_to_s,
         }
         for r in meter.records
     ]
@@ -285,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "grad_bytes": 4 * params,
         "wire_bytes": _wire_bytes(model, args),
         "bucket_cap_mb": args.bucket_cap_mb,
+        "broadcast_buffers": not args.no_broadcast_buffers,
         "hook": hook,
         "hook_note": note,
         "elapsed_s": elapsed,

@@ -47,6 +47,7 @@ __all__ = [
     "batch_indices",
     "build_model",
     "goals",
+    "idle_comm_s",
     "make_shards",
     "predicted_comm_s",
     "predicted_step_s",
@@ -61,6 +62,7 @@ __all__ = [
 RESULT_PREFIX = "NETOPT_TRAIN "
 TRAIN_HOOKS = (
     "none", "fp16", "powersgd", "hierarchical", "hierarchical-fp16", "hierarchical-powersgd",
+    "hierarchical-powersgd-alternating",
 )  # fmt: skip
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb`` (25 MiB)."""
@@ -303,6 +305,11 @@ class RunSummary:
     its wait for the busiest one's backward pass (``comm_exposed_s`` counts that)."""
     per_rank: list[dict[str, float]] = field(default_factory=list)
     """Each rank's medians over steps 1.. (step, data wait, exposed, compute)."""
+    idle_comm_s: float = 0.0
+    """The median over steps 1.. of the time no rank computed: from the last rank's last
+    hook call (every backward pass done) to the first rank's last future (one rank goes
+    on computing). The ranks' clocks are one machine's monotonic clock. Reported beside
+    the goal, which counts ``comm_exposed_s`` (the slowest step's rank)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -312,6 +319,7 @@ class RunSummary:
         out["critical_exposed_share"] = (
             self.critical_comm_exposed_s / self.step_s if self.step_s else 0.0
         )
+        out["idle_comm_share"] = self.idle_comm_s / self.step_s if self.step_s else 0.0
         out["final_loss"] = self.final_loss
         out["border_bytes_per_step"] = {k: v / self.steps for k, v in self.border_bytes.items()}
         return out
@@ -340,15 +348,16 @@ def summarize(
     beside them the busiest rank's exposed time and each rank's medians."""
     steps = min(len(d["losses"]) for d in documents)
     losses = [sum(d["losses"][i] for d in documents) / len(documents) for i in range(steps)]
-    per_step, critical = [], []
+    per_step, critical, idle = [], [], []
     for i in range(steps):
         records = [d["records"][i] for d in documents]
         slowest = max(records, key=lambda r: r["step_s"])
-        per_step.append({k: float(v) for k, v in slowest.items()})
+        per_step.append({k: float(v) for k, v in slowest.items() if k in _PARTS})
         busiest = max(records, key=lambda r: r["compute_s"] + r["data_wait_s"])
         critical.append(float(busiest["comm_exposed_s"]))
+        idle.append(idle_comm_s(records))
     timed = per_step[1:] or per_step
-    parts = ("step_s", "data_wait_s", "comm_exposed_s", "compute_s")
+    parts = _PARTS
     per_rank = [
         {"rank": float(d.get("rank", r)),
          **{k: _median([float(x[k]) for x in d["records"][1:steps] or d["records"]])
@@ -377,7 +386,22 @@ def summarize(
         settings=dict(settings or {}),
         critical_comm_exposed_s=_median(critical[1:] or critical),
         per_rank=per_rank,
+        idle_comm_s=_median(idle[1:] or idle),
     )
+
+
+_PARTS = ("step_s", "data_wait_s", "comm_exposed_s", "compute_s")
+
+
+def idle_comm_s(records: Sequence[dict[str, Any]]) -> float:
+    """One step's time no rank computed, from every rank's record of it (pure): the last
+    ``comm_from_s`` (the last backward pass done) to the first ``comm_to_s`` (the first
+    rank free to compute again); 0 where a rank has no hook call to time."""
+    froms = [r.get("comm_from_s") for r in records]
+    tos = [r.get("comm_to_s") for r in records]
+    if not records or None in froms or None in tos:
+        return 0.0
+    return max(0.0, min(float(t or 0) for t in tos) - max(float(f or 0) for f in froms))
 
 
 def _buckets(
@@ -400,7 +424,8 @@ def predicted_comm_s(
     all-reduces, P then Q, of ``rank / layer_dim`` of each bucket each); for the hierarchical
     hooks a reduce and a broadcast inside the largest region (each one pass of the
     bucket over the local hop) and the region leaders' exchange over the border
-    (``hierarchical-powersgd``: two of them, of PowerSGD's P and Q). Every Gloo
+    (``hierarchical-powersgd``: two of them, of PowerSGD's P and Q;
+    ``hierarchical-powersgd-alternating``: one, P or Q in turn). Every Gloo
     message waits for its receiver's ready notice: see
     :func:`~netopt.nccl.costmodel.gloo_ring_allreduce_s`. DDP's first bucket is
     ``first_bucket_bytes`` (1 MiB where ``bucket_cap_mb`` is left at its default;
@@ -418,10 +443,11 @@ def predicted_comm_s(
         s = size * factor
         part = s * min(1.0, 2 * powersgd_rank / layer_dim)  # PowerSGD's P and Q together
         two_level = None
-        if hook == "hierarchical-powersgd":
+        exchanges = 1 if hook.endswith("-alternating") else 2  # P and Q, or P or Q in turn
+        if hook.startswith("hierarchical-powersgd"):
             two_level = gloo_hierarchical_allreduce_s(fabric, part / 2)
             if two_level is not None:
-                total += 2 * two_level
+                total += exchanges * two_level
                 message = part / 2
         elif hook.startswith("hierarchical"):
             two_level = gloo_hierarchical_allreduce_s(fabric, s)
@@ -464,11 +490,15 @@ def goals(defaults: RunSummary, netopt: RunSummary, cc: str) -> dict[str, Any]:
     share = netopt.comm_exposed_s / netopt.step_s if netopt.step_s else math.nan
     loss_gap = abs(netopt.final_loss - defaults.final_loss) / defaults.final_loss
     critical = netopt.critical_comm_exposed_s / netopt.step_s if netopt.step_s else math.nan
+    idle = netopt.idle_comm_s / netopt.step_s if netopt.step_s else math.nan
     out: dict[str, Any] = {
         "time_ratio": _goal(ratio, limit),
         "time_ratio_with_setup": _goal(total_ratio, limit),
+        # the goal: the slowest step's rank, last hook call to last future (StepMeter)
         "exposed_comm_share": _goal(share, 0.25),
-        "exposed_comm_share_busiest_rank": _goal(critical, 0.25),
+        # beside it, not the goal: the busiest rank's, and the time no rank computed
+        "exposed_comm_share_busiest_rank": _goal(critical, 0.25, beside=True),
+        "exposed_comm_share_no_rank_computing": _goal(idle, 0.25, beside=True),
         "loss_gap": _goal(loss_gap, 0.03),
     }
     for run in (defaults, netopt):
@@ -481,9 +511,15 @@ def goals(defaults: RunSummary, netopt: RunSummary, cc: str) -> dict[str, Any]:
     return out
 
 
-def _goal(value: float, limit: float, *, absolute: bool = False) -> dict[str, Any]:
+def _goal(
+    value: float, limit: float, *, absolute: bool = False, beside: bool = False
+) -> dict[str, Any]:
+    """``beside``: another measure of a goal's quantity, reported next to it (not the goal)."""
     met = (abs(value) if absolute else value) <= limit
-    return {"value": value, "limit": limit, "met": bool(met)}
+    out: dict[str, Any] = {"value": value, "limit": limit, "met": bool(met)}
+    if beside:
+        out["beside_the_goal"] = True
+    return out
 
 
 def write_svg(path: Path, runs: Sequence[RunSummary], title: str) -> None:

@@ -118,9 +118,12 @@ def test_backend_gloo_weighs_the_advice_with_glooplan(capsys) -> None:
     assert code == 0
     gloo = json.loads(out)["advice"]
     assert "round trip" in gloo["bucket_reason"]  # Gloo's fixed waits, per bucket
+    assert isinstance(gloo["powersgd_alternate"], bool)
+    assert gloo["powersgd_alternate"] == ("powersgd_alternate=True" in gloo["hook_reason"])
     code, out, _err = run(capsys, *args)
     assert code == 0
     assert "round trip" not in json.loads(out)["advice"]["bucket_reason"]
+    assert json.loads(out)["advice"]["powersgd_alternate"] is False  # NCCL: not weighed
     code, _out, err = run(capsys, *args, "--backend", "mpi")
     assert code == 2
     assert "mpi" in err

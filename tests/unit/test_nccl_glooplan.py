@@ -211,3 +211,36 @@ def test_a_lossy_hop_makes_each_gloo_message_wait_for_its_retransmission() -> No
         6 * loss_recovery_s(1e6, rtt / 2, 0.005)
     )
     assert fabric_from_links(*lab(), flows=1).wan.loss_ratio == 0.005  # type: ignore[union-attr]
+
+
+def test_the_alternating_variant_crosses_the_border_once_with_the_two_steps_mean() -> None:
+    fabric = lab_fabric()
+    bucket = [(64, 64), (64, 1)]  # rank 8: P and Q of 2 KiB each, a 256-byte vector
+    plain, p, q = glooplan.powersgd_parts(bucket, 8)
+    assert (plain, p, q) == (256, 2048, 2048)
+    assert glooplan.powersgd_bytes(bucket, 8) == (plain + p, q)
+    alt = glooplan.stages(fabric, "hierarchical-powersgd-alternating", bucket, 8)
+    assert [s.resource for s in alt] == ["reduce", "border", "broadcast"]
+    wan_hop = fabric.wan
+    assert wan_hop is not None
+    assert alt[1].seconds == pytest.approx(gloo_message_s(plain + (p + q) / 2, wan_hop))
+    two = glooplan.total_s(fabric, "hierarchical-powersgd", [bucket], 8)
+    one = glooplan.total_s(fabric, "hierarchical-powersgd-alternating", [bucket], 8)
+    assert one < 0.55 * two  # one round trip of the border instead of two
+
+
+def test_lab_links_advise_the_alternating_variant() -> None:
+    nodes, links = lab()
+    for compute_ms in (800, 1100, 1900):  # the defaults' compute in the bench's runs
+        advice = gloo_advice(nodes, links, compute_ms)
+        assert advice.hook == "hierarchical_powerSGD_hook"
+        assert advice.powersgd_alternate is True, advice.hook_reason
+        assert advice.powersgd_rank == 4
+        assert "one border exchange a bucket and step instead of two" in advice.hook_reason
+        assert "half a power iteration" in advice.hook_reason  # what it costs, said
+    # a LAN: no compression at all, so nothing to alternate
+    names = ["a-1", "a-2", "a-3", "a-4"]
+    lan_nodes = [node(n, "dc", nic("eth0", f"10.0.0.{i + 1}/24")) for i, n in enumerate(names)]
+    lan = [link(a, b, rtt_ms=0.2, single_stream_mbps=940.0, link_mbps=1000.0)
+           for i, a in enumerate(names) for b in names[i + 1 :]]  # fmt: skip
+    assert gloo_advice(lan_nodes, lan, 2000).powersgd_alternate is False

@@ -46,3 +46,30 @@ def test_prometheus_labels_are_escaped() -> None:
     totals = {"step": 1.0, "data_wait": 0.0, "comm_exposed": 0.0, "compute": 1.0}
     text = render_prometheus('a"b\n', 1, totals, 1)
     assert 'job="a\\"b\\n",rank="1"' in text
+
+
+def test_records_keep_when_the_steps_communication_was_waited_for() -> None:
+    now = [0.0]
+    meter = StepMeter("j", clock=lambda: now[0])
+
+    class Done:
+        def then(self, callback):  # type: ignore[no-untyped-def]
+            now[0] += 0.25  # the future completes 0.25 s after the call
+            return callback(self)
+
+        def value(self) -> None:
+            return None
+
+    hook = meter.wrap_hook(lambda state, bucket: Done())
+    for _ in meter.batches(range(2)):
+        now[0] += 1.0  # backward's compute, then the last bucket's hook
+        hook(None, None)
+        now[0] += 0.5  # the optimizer
+    first, second = meter.records
+    assert (first.comm_from_s, first.comm_to_s) == (1.0, 1.25)
+    assert (second.comm_from_s, second.comm_to_s) == (2.75, 3.0)
+    assert first.comm_exposed_s == pytest.approx(0.25)
+    quiet = StepMeter("k", clock=lambda: now[0])
+    for _ in quiet.batches(range(1)):
+        now[0] += 1.0
+    assert (quiet.records[0].comm_from_s, quiet.records[0].comm_to_s) == (None, None)
