@@ -154,8 +154,6 @@ def test_a_large_manifest_adds_its_slow_start_round_trips_to_the_setup() -> None
     assert small.setup_s == base.setup_s  # within the setup's own round trips
     # 64 KiB take 3 round trips from a 14.5 KB window, 1 MB about 6-7: 3-4 more.
     assert 2.5 * rtt_s <= big.setup_s - base.setup_s <= 4.5 * rtt_s
-    assert big.predicted_time_s - base.predicted_time_s == pytest.approx(
-        big.setup_s - base.setup_s
-    )
+    assert big.predicted_time_s - base.predicted_time_s == pytest.approx(big.setup_s - base.setup_s)
     with pytest.raises(PlanInputError, match="meta_bytes"):
         plan_transfer(1, profile, LINK_BBR, CPU, meta_bytes=-1)
