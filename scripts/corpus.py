@@ -472,6 +472,10 @@ def build_kind(root: Path, kind: str, size_mb: int, options: dict[str, Any]) -> 
     return KindInfo(kind, dest, files, total, ratios, single, notes, round(built_s, 1))
 
 
+_DERIVED = ("best_ratio", "best_level", "incompressible")
+"""`KindInfo.to_dict`'s computed fields, not constructor arguments."""
+
+
 def build_corpus(
     root: Path,
     kinds: Sequence[str],
@@ -498,8 +502,9 @@ def build_corpus(
     for kind in kinds:
         known = manifest["kinds"].get(kind)
         if known and (root / kind).is_dir():
-            known.pop("best_ratio"), known.pop("best_level"), known.pop("incompressible")
-            out[kind] = KindInfo(**{**known, "root": root / kind})
+            # A copy: the manifest is written again as later kinds are built.
+            fields = {k: v for k, v in known.items() if k not in _DERIVED}
+            out[kind] = KindInfo(**{**fields, "root": root / kind})
             continue
         out[kind] = build_kind(root, kind, size_mb, options)
         manifest["kinds"][kind] = out[kind].to_dict()
