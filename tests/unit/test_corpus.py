@@ -124,3 +124,15 @@ def test_packages_kind_is_a_tree_of_files_under_the_cap(tmp_path: Path) -> None:
     assert len(copied) == files > 30
     assert max(p.stat().st_size for p in copied) <= 64 * 1024
     assert "64 KiB" in notes
+
+
+def test_a_corpus_reused_while_another_kind_is_built_stays_reusable(tmp_path: Path) -> None:
+    """Reusing a kind while building another rewrites corpus.json: the reused kind's entry
+    must keep every field, or the next reuse cannot read it."""
+    opts = {"levels": (1,), "smallfiles_count": 50}
+    first = corpus.build_corpus(tmp_path, ["random"], 1, **opts)
+    corpus.build_corpus(tmp_path, ["random", "smallfiles"], 1, **opts)
+    again = corpus.build_corpus(tmp_path, ["random", "smallfiles"], 1, **opts)
+    assert again["random"].size_bytes == first["random"].size_bytes
+    assert again["random"].best_ratio == first["random"].best_ratio
+    assert again["smallfiles"].files == 50
