@@ -149,12 +149,7 @@ def lowrank_hook(state: LowRankState, bucket: Any) -> Any:
     if state.alternate and step > state.start_iter:  # the first low-rank step: P and Q
         return _alternating(state, bucket, world, step)
     index, is_last = bucket.index(), bucket.is_last()
-    grads = bucket.gradients()  # views into ``buffer``
-    if index in state.error and state.error[index].shape == buffer.shape:
-        buffer.add_(state.error[index])
-    original = buffer.clone()
-    matrices = [g.view(g.shape[0], -1) for g in grads if state.compresses(tuple(g.shape))]
-    plain = [g for g in grads if not state.compresses(tuple(g.shape))]
+    original, matrices, plain = _with_error_feedback(state, bucket)
     qs = state.q_memory.get(index)
     if qs is None or [tuple(q.shape) for q in qs] != [_q_shape(state, m) for m in matrices]:
         generator = torch.Generator().manual_seed(state.seed * 1_000_003 + index)
@@ -229,6 +224,20 @@ lowrank_hook.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 )
 
 
+def _with_error_feedback(state: LowRankState, bucket: Any) -> tuple[Any, list[Any], list[Any]]:
+    """Add the bucket's fed-back error to its buffer (in place); then (a copy of the buffer
+    as it is now, the gradients compressed as matrices, those averaged exactly), the two
+    lists views into the buffer."""
+    index, buffer = bucket.index(), bucket.buffer()
+    grads = bucket.gradients()  # views into ``buffer``
+    if index in state.error and state.error[index].shape == buffer.shape:
+        buffer.add_(state.error[index])
+    original = buffer.clone()
+    matrices = [g.view(g.shape[0], -1) for g in grads if state.compresses(tuple(g.shape))]
+    plain = [g for g in grads if not state.compresses(tuple(g.shape))]
+    return original, matrices, plain
+
+
 def _q_shape(state: LowRankState, matrix: Any) -> tuple[int, int]:
     rows, cols = matrix.shape
     return (cols, min(rows, cols, state.matrix_approximation_rank))
@@ -242,12 +251,7 @@ def _alternating(state: LowRankState, bucket: Any, world: int, step: int) -> Any
     torch = state.torch
     index = bucket.index()
     buffer = bucket.buffer()
-    grads = bucket.gradients()  # views into ``buffer``
-    if index in state.error and state.error[index].shape == buffer.shape:
-        buffer.add_(state.error[index])
-    original = buffer.clone()
-    matrices = [g.view(g.shape[0], -1) for g in grads if state.compresses(tuple(g.shape))]
-    plain = [g for g in grads if not state.compresses(tuple(g.shape))]
+    original, matrices, plain = _with_error_feedback(state, bucket)
     send_p = (step - state.start_iter) % 2 == 1
     kept_memory = state.q_memory if send_p else state.p_memory
     wanted = [_q_shape(state, m) if send_p else _p_shape(state, m) for m in matrices]
