@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -55,3 +57,15 @@ class Replica:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=20)
+
+
+@contextmanager
+def two_replicas(tmp_path: Path, database: str) -> Iterator[list[Replica]]:
+    """Replicas "a" and "b" of a coordinator on ``database``; both killed at the end."""
+    started = [Replica(tmp_path, "a", database)]
+    try:
+        started.append(Replica(tmp_path, "b", database))
+        yield started
+    finally:
+        for replica in started:
+            replica.kill()

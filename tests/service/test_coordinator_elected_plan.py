@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from aiohttp.test_utils import TestClient
 from coordinator_helpers import AUTH, FakeClock, make_settings, registration
-from replica_helpers import Replica
+from replica_helpers import Replica, two_replicas
 
 from netopt.config import ProbePlanSettings
 from netopt.coordinator.app import COORDINATOR, CoordinatorDeps, create_app
@@ -115,13 +115,8 @@ async def test_the_other_replica_serves_the_leaders_plan_never_two_overlapping_s
 @pytest.fixture
 def replicas(tmp_path: Path, postgres_server: PgServer) -> Iterator[tuple[str, list[Replica]]]:
     database = postgres_server.new_database()
-    started = [Replica(tmp_path, "a", database)]
-    try:
-        started.append(Replica(tmp_path, "b", database))
+    with two_replicas(tmp_path, database) as started:
         yield database, started
-    finally:
-        for replica in started:
-            replica.kill()
 
 
 async def _until_plan_covers(

@@ -26,7 +26,7 @@ from aiohttp import web
 from coordinator_helpers import TOKEN, registration
 from dataplane_helpers import CPU, FAST, check_tree
 from dataplane_helpers import start as start_origin
-from replica_helpers import REPO, Replica
+from replica_helpers import REPO, Replica, two_replicas
 
 from netopt.agent.metrics import AgentMetrics
 from netopt.agent.reporter import NeedsRegistration, Reporter
@@ -53,13 +53,8 @@ KILL_AFTER_ROUND = 8
 @pytest.fixture
 def replicas(tmp_path: Path, postgres_server: PgServer) -> Iterator[tuple[str, list[Replica]]]:
     database = postgres_server.new_database()
-    started = [Replica(tmp_path, "a", database)]
-    try:
-        started.append(Replica(tmp_path, "b", database))
+    with two_replicas(tmp_path, database) as started:
         yield database, started
-    finally:
-        for replica in started:
-            replica.kill()
 
 
 def _summary(node: str, index: int) -> LinkSummary:
