@@ -2,8 +2,9 @@
 
 The agent and ``netopt sync`` are separate processes sharing the cache
 directory. ``netopt sync`` holds the cache lock and writes; the agent only reads
-files that are complete by construction (chunk files appear by rename, manifest
-files by atomic replace), so it needs no lock. A chunk evicted between the
+what is complete by construction (chunk files appear by rename, packed chunks once
+their pack is durable and indexed, manifest files by atomic replace), so it needs
+no lock. A chunk evicted between the
 catalogue's answer and a peer's request reads as missing: the batch stream is
 cut and the peer fetches that chunk elsewhere.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import blake3
 
+from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES, PackReader
 from netopt.errors import IntegrityError, StorageError
 from netopt.names import is_dataset_name, is_hash_id
 from netopt.transfer.manifest import Manifest, manifest_from_dict
@@ -46,17 +48,14 @@ class CachedDataset:
     index: Mapping[str, int]
     """chunk name -> length, over every cached version of the dataset."""
     sample: SampleProfile = field(default_factory=lambda: SampleProfile({}, 0))
+    packs: PackReader | None = None
 
     def read_chunk(self, chunk_id: str) -> bytes:
         """The chunk's bytes, verified. StorageError when it is not (or no longer) cached,
-        IntegrityError when the file does not match its name."""
+        IntegrityError when the stored bytes do not match its name."""
         if not is_hash_id(chunk_id):
             raise StorageError(f"bad chunk name {chunk_id[:16]!r}")
-        path = self.root / "chunks" / chunk_id[:2] / chunk_id
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise StorageError(f"chunk {chunk_id[:16]} is not in the cache: {exc}") from exc
+        data = _read_stored(self.root, self.packs, chunk_id, self.index.get(chunk_id, 0))
         if len(data) != self.index.get(chunk_id) or blake3.blake3(data).hexdigest() != chunk_id:
             raise IntegrityError(f"cached chunk {chunk_id[:16]} does not verify")
         return data
@@ -68,6 +67,7 @@ class CachedDatasets(Mapping[str, CachedDataset]):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._loaded: dict[str, tuple[tuple[tuple[str, int], ...], CachedDataset]] = {}
+        self._packs = PackReader(self.root / "packs")
 
     def _versions(self, name: str) -> tuple[tuple[str, int], ...]:
         folder = self.root / "manifests" / name
@@ -92,18 +92,19 @@ class CachedDatasets(Mapping[str, CachedDataset]):
                 newest = (mtime_ns, manifest)
         if newest is None:
             return None
-        return CachedDataset(self.root, newest[1], index, self._sample(newest[1], index))
+        sample = self._sample(newest[1], index)
+        return CachedDataset(self.root, newest[1], index, sample, self._packs)
 
     def _sample(self, manifest: Manifest, index: Mapping[str, int]) -> SampleProfile:
         """How the dataset compresses, from up to SAMPLE_CHUNKS of its cached chunks (a
         node fetching across the border from this agent plans its zstd level with it)."""
         pieces = []
         for chunk_id in list(manifest.unique_chunks())[:: max(1, len(index) // SAMPLE_CHUNKS)]:
-            path = self.root / "chunks" / chunk_id[:2] / chunk_id
             try:
-                pieces.append(path.read_bytes()[:SAMPLE_PIECE_BYTES])
-            except OSError:
+                data = _read_stored(self.root, self._packs, chunk_id, index[chunk_id])
+            except StorageError:
                 continue
+            pieces.append(data[:SAMPLE_PIECE_BYTES])
             if len(pieces) == SAMPLE_CHUNKS:
                 break
         return sample_bytes(pieces) if pieces else SampleProfile({}, 0)
@@ -132,6 +133,18 @@ class CachedDatasets(Mapping[str, CachedDataset]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def _read_stored(root: Path, packs: PackReader | None, chunk_id: str, length: int) -> bytes:
+    """A cached chunk's stored bytes (unverified): its pack record or its file."""
+    if packs is not None and length < PACK_MAX_CHUNK_BYTES:
+        data = packs.read(chunk_id)
+        if data is not None:
+            return data
+    try:
+        return (root / "chunks" / chunk_id[:2] / chunk_id).read_bytes()
+    except OSError as exc:
+        raise StorageError(f"chunk {chunk_id[:16]} is not in the cache: {exc}") from exc
 
 
 def agent_cpu_profile() -> CpuProfile:

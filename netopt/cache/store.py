@@ -4,7 +4,9 @@ Layout under the cache directory::
 
     lock                          flock: one process changes the cache at a time
     index.json                    pins, current version per dataset, capacity, read counts
-    chunks/ab/abcdef...           one file per verified chunk (fan-out by the first two hex digits)
+    chunks/ab/abcdef...           one file per verified chunk of PACK_MAX_CHUNK_BYTES or more
+                                  (fan-out by the first two hex digits)
+    packs/00000001.pack, .idx     the smaller chunks, appended to packs (`netopt.cache.packs`)
     manifests/NAME/MANIFEST_ID.json
     tmp/CHUNK_ID.N                chunks written, not yet durable and in place
 
@@ -13,8 +15,10 @@ written under a temporary name, made durable and renamed, so it is complete.
 `Cache.put` does not wait for the disk: it writes ``tmp/CHUNK_ID.N`` and hands it
 to a `netopt.durable.BatchFlusher`, which makes the chunks written meanwhile
 durable together (one ``syncfs`` for many) and then renames them into
-``chunks/``; until then the chunk is read from its temporary file. `Cache.flush`
-waits for that; the index is saved, and a sync reports success, only after it.
+``chunks/``; until then the chunk is read from its temporary file. A small chunk
+is appended to the active pack instead, and is indexed once the pack is durable
+(`netopt.cache.packs`: no create or rename per chunk). `Cache.flush` waits for both;
+the index is saved, and a sync reports success, only after it.
 The index only holds what cannot be rebuilt from the chunks (pins, read counts)
 and is replaced atomically; on open it is checked against the chunk files (read
 counts of vanished chunks are dropped, versions whose manifest file is missing
@@ -40,6 +44,8 @@ from typing import Any
 
 import blake3
 
+from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES
+from netopt.cache.packs import PackStore
 from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, record_access
 from netopt.dataplane import trace
 from netopt.durable import BatchFlusher
@@ -102,6 +108,7 @@ class Cache:
         self._pending: dict[str, Path] = {}
         """Chunks written to ``tmp/`` and not yet durable in ``chunks/``: their temporary files."""
         self._flusher = BatchFlusher("netopt-cache-flush")
+        self.packs = PackStore(root / "packs", "netopt-cache-packs")
         self._tmp_names = itertools.count()
         self._chunk_dirs: set[Path] = set()
         self._dev = 0
@@ -126,6 +133,7 @@ class Cache:
             cache._take_lock()
             cache._dev = os.stat(cache.tmp_dir).st_dev
             cache._adopt_leftovers()
+            cache.sizes_bytes.update(cache.packs.open())
             cache._scan_chunks()
             cache._load_index()
         except OSError as exc:
@@ -152,6 +160,8 @@ class Cache:
         finally:
             with contextlib.suppress(StorageError):
                 self._flusher.close()
+            with contextlib.suppress(StorageError):
+                self.packs.close()
             self._release_lock()
 
     def _take_lock(self) -> None:
@@ -196,6 +206,7 @@ class Cache:
             for entry in os.scandir(sub):
                 if is_hash_id(entry.name) and entry.name.startswith(sub.name):
                     self.sizes_bytes[entry.name] = entry.stat().st_size
+                    self.packs.remove([entry.name])  # a file and a record: keep one
         self._used_bytes = sum(self.sizes_bytes.values())
 
     def _load_index(self) -> None:
@@ -240,12 +251,17 @@ class Cache:
         cache stays consistent)."""
         with trace.timed("cache_flush"):
             self._flusher.flush()
+            self.packs.flush()
 
     def save_index(self) -> None:
         """Write the index atomically, once the chunks stored so far are durable."""
         trace.mark("cache_save_index")
         self.flush()
+        lost = self.packs.compact()
+        self.packs.sync_indexes()
         with self._lock:
+            for chunk_id in lost:
+                self._forget(chunk_id)
             if needs_aging(self.access):
                 self.access = age_access(self.access)
             data = {
@@ -297,6 +313,9 @@ class Cache:
             if chunk_id in self.sizes_bytes:
                 return
             self._make_room(len(data))
+        if len(data) < PACK_MAX_CHUNK_BYTES:
+            self._put_packed(chunk_id, data, on_placed)
+            return
         tmp = self.tmp_dir / f"{chunk_id}.{next(self._tmp_names)}"
         try:
             if final.parent not in self._chunk_dirs:
@@ -325,6 +344,35 @@ class Cache:
                 self._forget(chunk_id)
             tmp.unlink(missing_ok=True)
             raise self._store_error(chunk_id, exc) from exc
+
+    def _put_packed(self, chunk_id: str, data: bytes, on_placed: Callable[[], None] | None) -> None:
+        with self._lock:
+            if chunk_id in self.sizes_bytes:  # another thread stored it meanwhile
+                return
+            self.sizes_bytes[chunk_id] = len(data)
+            self._used_bytes += len(data)
+        try:
+            with trace.timed("cache_put_pack"):
+                self.packs.append(
+                    chunk_id, data,
+                    on_commit=lambda placed: self._placed_packed(chunk_id, placed, on_placed),
+                )  # fmt: skip
+        except (OSError, StorageError) as exc:
+            with self._lock:
+                if not self.packs.holds(chunk_id):
+                    self._forget(chunk_id)
+            raise self._store_error(chunk_id, exc) from exc
+
+    def _placed_packed(
+        self, chunk_id: str, placed: bool, on_placed: Callable[[], None] | None
+    ) -> None:
+        if not placed:
+            with self._lock:
+                if not self.packs.holds(chunk_id) and chunk_id not in self._pending:
+                    self._forget(chunk_id)
+            return
+        if on_placed is not None:
+            on_placed()
 
     def _store_error(self, chunk_id: str, exc: Exception) -> StorageError:
         what = "the disk is full" if isinstance(exc, OSError) and _no_space(exc) else str(exc)
@@ -391,6 +439,9 @@ class Cache:
 
     def _read_file(self, chunk_id: str) -> bytes:
         final = self.chunk_path(chunk_id)
+        packed = self.packs.read(chunk_id)
+        if packed is not None:
+            return packed
         with self._lock:
             tmp = self._pending.get(chunk_id)
         if tmp is not None:
@@ -411,6 +462,7 @@ class Cache:
         with self._lock:
             for cid in list(chunk_ids):
                 path = self.chunk_path(cid)
+                self.packs.remove([cid])
                 tmp = self._pending.pop(cid, None)
                 if tmp is not None:  # the flusher finds it gone (or has just placed it)
                     with contextlib.suppress(FileNotFoundError):

@@ -26,6 +26,7 @@ from netopt.demo.dataset import write_jsonl_dataset
 from netopt.demo.sites import LabSite
 from netopt.lab import Lab
 from tests.lab.conftest import CONFIGS, MakeLab
+from tests.service.cache_helpers import stored_chunks
 
 HK = ("hk-1", "hk-2", "hk-3")
 CHUNK_BYTES = 1024 * 1024
@@ -132,10 +133,10 @@ def test_concurrent_syncs_cross_the_border_once_and_survive_a_dead_peer(
     write_jsonl_dataset(origin2, 32 * 1024 * 1024, files=6, seed=12)
     url2 = _serve(lab, cluster, origin2, "ds2", 7481)
     procs = {n: _start_sync(lab, cluster, n, url2, tmp_path / n / "ds2") for n in HK}
-    chunk_dir = cluster.workdir / "cache-hk-2" / "chunks"
-    before_chunks = sum(1 for _ in chunk_dir.rglob("*"))
+    hk2_cache = cluster.workdir / "cache-hk-2"
+    before_chunks = len(stored_chunks(hk2_cache))
     deadline = time.monotonic() + SYNC_TIMEOUT_S
-    while sum(1 for _ in chunk_dir.rglob("*")) < before_chunks + 3:
+    while len(stored_chunks(hk2_cache)) < before_chunks + 3:
         assert time.monotonic() < deadline, "hk-2 stored no chunk of ds2"
         assert procs["hk-2"].poll() is None, "hk-2 finished before it could be killed"
         time.sleep(0.05)

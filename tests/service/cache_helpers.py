@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from netopt.cache.packfmt import TOMBSTONE, PackReader, encode_entry, pack_name
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest
 from netopt.dataplane.client import ClientOptions
@@ -36,6 +37,37 @@ def tree(root: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and ".netopt" not in p.as_posix()
     }
+
+
+def stored_chunks(cache: Path) -> set[str]:
+    """The chunks a cache directory holds on disk: chunk files and indexed pack records
+    (read as the agent reads them, without the cache lock)."""
+    files = {p.name for p in (cache / "chunks").glob("*/*")}
+    return files | PackReader(cache / "packs").chunk_ids()
+
+
+def corrupt_stored_chunk(cache: Path, chunk_id: str, at: int = 100) -> None:
+    """Flip one byte of a stored chunk, where it lies (its file or its pack record)."""
+    where = PackReader(cache / "packs").locate(chunk_id)
+    if where is None:
+        path, offset = cache / "chunks" / chunk_id[:2] / chunk_id, at
+    else:
+        path, offset = cache / "packs" / pack_name(where.pack, "pack"), where.offset + at
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def drop_stored_chunk(cache: Path, chunk_id: str) -> None:
+    """Make a stored chunk vanish behind the cache's back (its file, or its pack record)."""
+    where = PackReader(cache / "packs").locate(chunk_id)
+    if where is None:
+        (cache / "chunks" / chunk_id[:2] / chunk_id).unlink()
+        return
+    with (cache / "packs" / pack_name(where.pack, "idx")).open("ab") as f:
+        f.write(encode_entry(bytes.fromhex(chunk_id), where.offset, TOMBSTONE))
 
 
 def request(source: str, dest: Path, cache: Path, **kw: object) -> SyncRequest:

@@ -20,10 +20,12 @@ from netopt.chunking import chunk_id
 from netopt.cli.main import main
 from netopt.errors import StorageError
 from tests.service.cache_helpers import (
+    corrupt_stored_chunk,
     make_dataset,
     mount_tmpfs,
     request,
     served_options,
+    stored_chunks,
     tree,
     umount,
 )
@@ -48,10 +50,6 @@ def _codec_cache(tmp_path: Path) -> Path:
     return path
 
 
-def _stored(cache: Path) -> set[str]:
-    return {p.name for p in (cache / "chunks").glob("*/*")}
-
-
 async def test_sigkill_mid_sync_then_resume_moves_no_chunk_twice(tmp_path: Path) -> None:
     src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
     total = make_dataset(src)
@@ -65,7 +63,7 @@ async def test_sigkill_mid_sync_then_resume_moves_no_chunk_twice(tmp_path: Path)
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline_s = time.monotonic() + 30
-        while len(_stored(cache) if (cache / "chunks").exists() else ()) < 20:
+        while len(stored_chunks(cache)) < 20:
             assert proc.returncode is None, "the sync ended before it could be killed"
             assert time.monotonic() < deadline_s, "no chunks arrived"
             await asyncio.sleep(0.02)
@@ -95,11 +93,8 @@ def test_verify_finds_corrupt_chunk_and_repairs_from_source(tmp_path: Path, caps
     src, cache = tmp_path / "src", tmp_path / "cache"
     make_dataset(src)
     asyncio.run(run_sync(request(str(src), tmp_path / "d", cache)))
-    victim = sorted(_stored(cache))[3]
-    path = cache / "chunks" / victim[:2] / victim
-    data = bytearray(path.read_bytes())
-    data[100] ^= 0xFF
-    path.write_bytes(data)
+    victim = sorted(stored_chunks(cache))[3]
+    corrupt_stored_chunk(cache, victim)
     assert main(["cache", "verify", "--cache-dir", str(cache), "--json"]) == 1
     found = json.loads(capsys.readouterr().out)
     assert found["corrupt"] == [victim]

@@ -1,5 +1,5 @@
 """``netopt cache verify`` and ``netopt sync --json`` say what they found and fetched, even
-when the disk is full (a real small tmpfs) or cached chunk files are corrupt."""
+when the disk is full (a real small tmpfs) or cached chunks are corrupt."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ from pathlib import Path
 from netopt.cache.store import Cache
 from netopt.cache.syncer import run_sync
 from netopt.cli.main import main
-from tests.service.cache_helpers import CHUNK_BYTES, mount_tmpfs, request, tree, umount
+from tests.service.cache_helpers import (
+    CHUNK_BYTES,
+    corrupt_stored_chunk,
+    drop_stored_chunk,
+    mount_tmpfs,
+    request,
+    stored_chunks,
+    tree,
+    umount,
+)
 
 SMALL_FILES = 300
 
@@ -24,16 +33,6 @@ def _small_files(root: Path) -> None:
         path = root / f"d{i % 10}" / f"f{i:03d}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(rng.randbytes(3000))
-
-
-def _chunk_file(cache: Path, chunk_id: str) -> Path:
-    return cache / "chunks" / chunk_id[:2] / chunk_id
-
-
-def _corrupt(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[10] ^= 0xFF
-    path.write_bytes(data)
 
 
 def _fill(where: Path) -> None:
@@ -58,15 +57,16 @@ def test_verify_on_a_full_disk_reports_what_it_found(tmp_path: Path, capsys) -> 
         asyncio.run(run_sync(request(str(src), tmp_path / "a", cache)))
         # A second sync reads every chunk from the cache: each gets an entry in the index.
         asyncio.run(run_sync(request(str(src), tmp_path / "b", cache)))
-        chunks = sorted(p.name for p in (cache / "chunks").glob("*/*"))
+        chunks = sorted(stored_chunks(cache))
         assert len(chunks) == SMALL_FILES
+        assert not list((cache / "chunks").glob("*/*"))  # 3 kB chunks: all packed
         corrupt, gone = chunks[:2], chunks[2]
         for cid in corrupt:
-            _corrupt(_chunk_file(cache, cid))
-        _chunk_file(cache, gone).unlink()
+            corrupt_stored_chunk(cache, cid)
+        drop_stored_chunk(cache, gone)
         _fill(mnt)
 
-        # Removing the corrupt chunks frees two pages; the index needs more.
+        # Nothing can be written: the removals are not recorded, the index not saved.
         rc = main(["cache", "verify", "--cache-dir", str(cache), "--json"])
         found = json.loads(capsys.readouterr().out)
         assert rc == 1
@@ -76,26 +76,30 @@ def test_verify_on_a_full_disk_reports_what_it_found(tmp_path: Path, capsys) -> 
         assert not found["ok"]
         assert any("index" in e and "No space" in e for e in found["errors"]), found["errors"]
 
-        # Repairing: two chunks fit in the freed pages, the third does not.
+        # Repairing on the full disk: a removed record frees no space (packs are
+        # compacted later), so nothing can be stored. A corrupt record whose removal
+        # could not be recorded would be found corrupt again, never served.
         args = ["cache", "verify", "--cache-dir", str(cache), "--json", "--source", str(src)]
         rc = main(args)
         fixed = json.loads(capsys.readouterr().out)
         assert rc == 1
-        assert fixed["corrupt"] == []
+        assert set(fixed["corrupt"]) <= set(corrupt)
         assert fixed["missing"] == sorted([*corrupt, gone])
-        assert len(fixed["repaired"]) == 2
-        assert len(fixed["unrepaired"]) == 1
+        assert fixed["repaired"] == []
+        assert fixed["unrepaired"] == sorted([*corrupt, gone])
         assert any("disk is full" in e for e in fixed["errors"]), fixed["errors"]
 
-        # Space again: the last one is repaired and the index is saved.
+        # Space again: all three are repaired and the index is saved.
         (mnt / "filler").unlink()
         assert main(args) == 0
         done = json.loads(capsys.readouterr().out)
-        assert done["repaired"] == fixed["unrepaired"]
+        assert done["repaired"] == sorted([*corrupt, gone])
         assert done["errors"] == []
         assert done["ok"]
         with Cache.open(cache) as c:
             assert set(c.sizes_bytes) == set(chunks)
+        assert main(["cache", "verify", "--cache-dir", str(cache), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["corrupt"] == []
     finally:
         umount(mnt)
 
@@ -114,7 +118,7 @@ def test_sync_counts_chunks_fetched_again_after_a_corrupt_cache_read(
     for rel in victims:
         (dest / rel).unlink()
         (entry,) = [f for f in manifest.files if f.path == rel]
-        _corrupt(_chunk_file(cache, entry.chunks[0].chunk_id))
+        corrupt_stored_chunk(cache, entry.chunks[0].chunk_id, at=10)
     args = [str(src), str(dest), "--cache-dir", str(cache), "--chunk-size", str(CHUNK_BYTES)]
     assert main(["sync", *args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from netopt.cache.store import Cache
 from netopt.cache.verify import verify_cache
+from tests.service.cache_helpers import stored_chunks
 from tests.service.dataplane_helpers import TOKEN, start
 from tests.service.test_sync_many_files import make_tree
 
@@ -40,11 +41,13 @@ def _finished_files(src: Path, dest: Path) -> int:
     return count
 
 
-def _stored(cache: Path) -> int:
-    """Chunks written so far (flushed or not); 0 before the sync has made its cache dirs."""
+def _stored(cache: Path) -> tuple[int, int]:
+    """Chunks written so far, flushed or not: (chunk files, temporary ones and indexed pack
+    records; bytes appended to packs, indexed or not). Zeros before the sync starts."""
     tmp = cache / "tmp"
     unflushed = sum(1 for _ in tmp.iterdir()) if tmp.is_dir() else 0
-    return unflushed + sum(1 for _ in cache.glob("chunks/*/*"))
+    packed_bytes = sum(p.stat().st_size for p in cache.glob("packs/*.pack"))
+    return unflushed + len(stored_chunks(cache)), packed_bytes
 
 
 async def _sync(url: str, dest: Path, cache: Path) -> asyncio.subprocess.Process:
@@ -71,7 +74,7 @@ async def test_kill_many_file_sync_at_random_points_then_complete(tmp_path: Path
             proc = await _sync(url, dest, cache)
             deadline_s = time.monotonic() + 60
             start_count = _stored(cache)
-            while _stored(cache) <= start_count and proc.returncode is None:
+            while _stored(cache) == start_count and proc.returncode is None:
                 assert time.monotonic() < deadline_s, "no chunk arrived"
                 await asyncio.sleep(0.01)
             await asyncio.sleep(rng.uniform(0.0, 1.5))

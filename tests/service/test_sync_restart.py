@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.service.cache_helpers import stored_chunks
 from tests.service.coordinator_helpers import free_port
 
 CHUNK_BYTES = 256 * 1024
@@ -59,8 +60,7 @@ def _wait_mid_transfer(cache: Path, sync: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         assert sync.poll() is None, "the sync ended before the server was killed"
-        chunks = cache / "chunks"
-        if chunks.is_dir() and sum(1 for p in chunks.rglob("*") if p.is_file()) >= 3:
+        if len(stored_chunks(cache)) >= 3:
             return
         time.sleep(0.05)
     raise AssertionError("the sync stored no chunks")

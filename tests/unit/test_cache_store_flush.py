@@ -1,4 +1,5 @@
-"""The cache's index save makes only the chunk directories it changed durable."""
+"""The cache's index save makes only the chunk directories it changed durable (chunk
+files: chunks too large to be packed)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import blake3
 import pytest
 
 import netopt.cache.store as store_module
+from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES
 from netopt.cache.store import Cache
 
 
 def _chunk(seed: int) -> tuple[str, bytes]:
-    data = os.urandom(256) + bytes([seed])
+    data = os.urandom(PACK_MAX_CHUNK_BYTES) + bytes([seed])  # a chunk file, not packed
     return blake3.blake3(data).hexdigest(), data
 
 
