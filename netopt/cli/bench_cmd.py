@@ -188,7 +188,8 @@ def _print_train(report: dict[str, Any]) -> None:
             f"{run['setup_s']:.1f}",
             f"{run['step_s']:.2f}",
             f"{run['data_wait_s']:.2f}",
-            f"{run['comm_exposed_s']:.2f} ({run['exposed_comm_share']:.0%})",
+            f"{run['comm_exposed_after_backward_s']:.2f} "
+            f"({run['exposed_after_backward_share']:.0%}; own {run['exposed_comm_share']:.0%})",
             f"{run['compute_s']:.2f}",
             "-" if predicted is None else f"{predicted:.2f}",
             f"{run['final_loss']:.3f}",

@@ -14,6 +14,12 @@ Per step (from one batch handed out to the next being asked for):
   backward pass's compute is done by then) to the last future completed;
 - ``compute_s``: the rest of the step (``step_s - comm_exposed_s``).
 
+One rank's meter sees one rank: where a peer's backward pass ends later (a slower
+node, or ranks sharing cores), ``comm_exposed_s`` also holds the wait for it, since no
+bucket's collective can finish before every rank has its gradients. ``comm_from_s`` and
+``comm_to_s`` (one clock for every rank of one machine) let a bench separate the two
+(``netopt.torch.trainbench.exposed_after_backward_s``).
+
 ``meter.records`` keeps the last ``keep_records`` steps (10,000: memory stays bounded
 over a long run), ``meter.steps`` counts them all. Each step is one JSON line in
 ``log_path`` (kept open, one write per step); ``prom_path`` gets a Prometheus text

@@ -13,6 +13,8 @@ P, Q, P, ...) on four Gloo ranks, regions 3+1, several DDP buckets. Parts, each 
   for every compressed matrix how far the result leaves the subspace the previous
   step's result spans (a Q step keeps the previous P's columns, a P step the
   previous Q's rows: 0 up to rounding), and its rank;
+- ``bench_advised``: the same model at what ``nccl-env`` advises for the bench's lab
+  (rank 8, twice PowerSGD's rank 4; 16 MB buckets: two), the same checks;
 - ``bench_full``: the same model at rank 1024 (nothing passes the compression
   rate: every tensor averaged whole): equal to the mean.
 """
@@ -60,7 +62,7 @@ def leaves(torch, matrix, basis, columns):
     return float((matrix - kept).norm() / matrix.norm())
 
 
-def run(torch, rank, world, kind, psgd_rank, cap_mb):
+def run(torch, rank, world, part, kind, psgd_rank, cap_mb):
     dist = torch.distributed
     torch.manual_seed(0)
     module = square(torch) if kind == "square" else build_model(torch, BENCH, 0)
@@ -106,8 +108,8 @@ def run(torch, rank, world, kind, psgd_rank, cap_mb):
         previous = compressed
         optimiser.step()
     sizes = str(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
-    return {"part": kind if psgd_rank < 1024 or kind == "square" else "bench_full",
-            "rank": rank, "errors": errors, "fingerprints": prints, "subspace": subspace,
+    return {"part": part, "psgd_rank": psgd_rank, "rank": rank, "errors": errors,
+            "fingerprints": prints, "subspace": subspace,
             "ranks": ranks, "compressed": len(previous or []),
             "applied": applied.name, "note": applied.note,
             "buckets": len(sizes.split(","))}  # fmt: skip
@@ -122,8 +124,10 @@ def main() -> int:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=timedelta(seconds=60),
     )  # fmt: skip
-    for kind, psgd_rank, cap_mb in (("square", 1024, 2), ("bench", 4, 8), ("bench", 1024, 8)):
-        print(json.dumps(run(torch, rank, world, kind, psgd_rank, cap_mb)), flush=True)
+    parts = (("square", "square", 1024, 2), ("bench", "bench", 4, 8),
+             ("bench_advised", "bench", 8, 16), ("bench_full", "bench", 1024, 8))  # fmt: skip
+    for part, kind, psgd_rank, cap_mb in parts:
+        print(json.dumps(run(torch, rank, world, part, kind, psgd_rank, cap_mb)), flush=True)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0

@@ -53,6 +53,7 @@ def test_bench_train_loopback_two_runs_same_start(tmp_path: Path) -> None:
         assert run["time_to_n_s"] > 0
         assert run["grad_bytes"] == 4 * report["model"]["params"]
         assert 0 <= run["exposed_comm_share"] <= 1
+        assert 0 <= run["exposed_after_backward_share"] <= 1  # the goal's measure
     assert runs["defaults"]["losses"][0] == pytest.approx(runs["netopt"]["losses"][0], rel=1e-6)
     assert runs["defaults"]["hook"] == "none"
     assert "<svg" in (out / "report.svg").read_text()

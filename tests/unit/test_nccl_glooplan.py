@@ -7,7 +7,7 @@ import pytest
 
 from netopt.errors import ValidationError
 from netopt.nccl import glooplan
-from netopt.nccl.advice import BUCKET_CAPS_MB, POWERSGD_RANKS
+from netopt.nccl.advice import ALTERNATING_RANK_FACTOR, BUCKET_CAPS_MB, POWERSGD_RANKS
 from netopt.nccl.costmodel import Fabric, Hop, fabric_from_links, gloo_message_s
 from netopt.nccl.model import TuneOptions
 from netopt.nccl.tuner import tune_nccl
@@ -235,7 +235,10 @@ def test_lab_links_advise_the_alternating_variant() -> None:
         advice = gloo_advice(nodes, links, compute_ms)
         assert advice.hook == "hierarchical_powerSGD_hook"
         assert advice.powersgd_alternate is True, advice.hook_reason
-        assert advice.powersgd_rank == 4
+        # PowerSGD's rule gives rank 4; half a power iteration a step needs twice it
+        assert advice.powersgd_rank == 2 * 4 == ALTERNATING_RANK_FACTOR * 4
+        assert "PowerSGD rank 4:" in advice.hook_reason
+        assert "at rank 8 (2 x 4)" in advice.hook_reason
         assert "one border exchange a bucket and step instead of two" in advice.hook_reason
         assert "half a power iteration" in advice.hook_reason  # what it costs, said
     # a LAN: no compression at all, so nothing to alternate

@@ -188,12 +188,17 @@ def test_time_no_rank_computed_runs_from_the_last_backward_to_the_first_rank_fre
 
     run = summarize("netopt", ("a", "b"), [doc(0, 10.2, 10.9), doc(1, 10.5, 10.8)])
     assert run.idle_comm_s == pytest.approx(0.3)
-    assert run.comm_exposed_s == pytest.approx(0.7)  # the goal's measure is unchanged
+    assert run.comm_exposed_s == pytest.approx(0.7)  # the slowest step's rank's own meter
+    # the goal's measure: rank 0 waited 0.3 s for rank 1's backward, then 0.4 s
+    assert run.comm_exposed_after_backward_s == pytest.approx(0.4)
     assert set(run.per_step[0]) == {"step_s", "data_wait_s", "comm_exposed_s", "compute_s"}
     assert run.to_dict()["idle_comm_share"] == pytest.approx(0.3)
     report = goals(run, run, "bbr")
-    assert report["exposed_comm_share"]["met"] is False  # 0.7 of a 1 s step
+    assert report["exposed_comm_share"]["value"] == pytest.approx(0.4)
+    assert report["exposed_comm_share"]["met"] is False  # 0.4 of a 1 s step
     assert "beside_the_goal" not in report["exposed_comm_share"]
+    assert report["exposed_comm_share_own_meter"]["value"] == pytest.approx(0.7)
+    assert report["exposed_comm_share_own_meter"]["beside_the_goal"] is True
     assert report["exposed_comm_share_no_rank_computing"]["met"] is False  # 0.3 > 0.25
     assert report["exposed_comm_share_no_rank_computing"]["beside_the_goal"] is True
 
@@ -208,3 +213,31 @@ def test_the_alternating_prediction_pays_one_border_exchange_a_bucket() -> None:
     two = predicted_comm_s(fabric, grad, "hierarchical-powersgd", powersgd_rank=4)
     one = predicted_comm_s(fabric, grad, "hierarchical-powersgd-alternating", powersgd_rank=4)
     assert one == pytest.approx(two / 2)
+
+
+def _timed(start: float, end: float, step: float = 1.0) -> dict[str, object]:
+    return {"step_s": step, "data_wait_s": 0.0, "comm_exposed_s": end - start,
+            "compute_s": step - (end - start), "comm_from_s": start, "comm_to_s": end}  # fmt: skip
+
+
+def test_exposed_after_backward_leaves_out_the_wait_for_a_peers_backward() -> None:
+    from netopt.torch.trainbench import exposed_after_backward_s
+
+    # rank 0 is done at 10.0 and waits to 10.9; rank 1 computes until 10.6, done at 10.8:
+    # nothing could be exchanged before 10.6, so 0.3 s (rank 0's last 0.3 s) is exposed
+    assert exposed_after_backward_s([_timed(10.0, 10.9), _timed(10.6, 10.8)]) == (
+        pytest.approx(0.3)
+    )
+    # the ranks' backward passes end together: each rank's own wait, the longest
+    assert exposed_after_backward_s([_timed(10.5, 10.7), _timed(10.5, 10.9)]) == (
+        pytest.approx(0.4)
+    )
+    # never more than a rank's own exposed time (its future done before its step's end)
+    clipped = {**_timed(10.0, 10.9), "comm_exposed_s": 0.1}
+    assert exposed_after_backward_s([clipped, _timed(10.6, 10.7)]) == pytest.approx(0.1)
+    # a communication that ended before the last backward pass (another step's): none
+    assert exposed_after_backward_s([_timed(10.0, 10.2), _timed(10.6, 10.6)]) == 0.0
+    # without every rank's times: the slowest step's rank's own meter
+    untimed = {"step_s": 1.5, "data_wait_s": 0.0, "comm_exposed_s": 0.6, "compute_s": 0.9}
+    assert exposed_after_backward_s([untimed, _timed(10.6, 10.7)]) == pytest.approx(0.6)
+    assert exposed_after_backward_s([]) == 0.0
