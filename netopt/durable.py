@@ -32,7 +32,7 @@ from pathlib import Path
 from netopt.errors import StorageError
 from netopt.fsutil import SYNCFS_MIN_FILES, fsync_dirs, in_threads, syncfs
 
-__all__ = ["BatchFlusher"]
+__all__ = ["BatchFlusher", "gather"]
 
 log = logging.getLogger(__name__)
 
@@ -214,16 +214,14 @@ class BatchFlusher:
 
     def _take(self) -> list[_Item] | None:
         with self._cond:
-            while not self._pending and not self._closing:
-                self._cond.wait()
-            if not self._pending:
+            started = gather(
+                self._cond,
+                has_work=lambda: bool(self._pending),
+                closing=lambda: self._closing,
+                enough=lambda: self._batch_full() or bool(self._urgent),
+            )
+            if not started:
                 return None
-            deadline_s = time.monotonic() + GATHER_S
-            while not self._batch_full() and not self._urgent and not self._closing:
-                left_s = deadline_s - time.monotonic()
-                if left_s <= 0:
-                    break
-                self._cond.wait(left_s)  # let more arrive: one syncfs for them all
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             self._cond.notify_all()  # room for waiting writers
             return batch
@@ -263,6 +261,29 @@ class BatchFlusher:
             for i, ok in zip(indexes, results, strict=True):
                 placed[i] = ok
         return placed
+
+
+def gather(
+    cond: threading.Condition,
+    *,
+    has_work: Callable[[], bool],
+    closing: Callable[[], bool],
+    enough: Callable[[], bool],
+) -> bool:
+    """For a committing thread holding ``cond``: wait for a first piece of work, then let
+    more arrive for up to `GATHER_S` (one ``syncfs`` or ``fdatasync`` for them all) unless
+    there is ``enough`` or the owner is closing. False when closing with nothing to do."""
+    while not has_work() and not closing():
+        cond.wait()
+    if not has_work():
+        return False
+    deadline_s = time.monotonic() + GATHER_S
+    while not enough() and not closing():
+        left_s = deadline_s - time.monotonic()
+        if left_s <= 0:
+            break
+        cond.wait(left_s)
+    return True
 
 
 def discard(tmp: Path) -> None:

@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from netopt.cache.packfmt import (
     parse_record_header,
     read_at,
 )
-from netopt.durable import GATHER_S
+from netopt.durable import gather
 from netopt.errors import StorageError
 from netopt.fsutil import fsync_dirs
 
@@ -249,16 +248,14 @@ class PackStore:
 
     def _take(self) -> list[_Pending] | None:
         with self._cond:
-            while not self._pending and not self._closing:
-                self._cond.wait()
-            if not self._pending:
+            started = gather(
+                self._cond,
+                has_work=lambda: bool(self._pending),
+                closing=lambda: self._closing,
+                enough=lambda: bool(self._urgent) or len(self._pending) >= MAX_PENDING_RECORDS // 2,
+            )
+            if not started:
                 return None
-            deadline_s = time.monotonic() + GATHER_S
-            while not self._urgent and not self._closing:
-                left_s = deadline_s - time.monotonic()
-                if left_s <= 0 or len(self._pending) >= MAX_PENDING_RECORDS // 2:
-                    break
-                self._cond.wait(left_s)
             batch, self._pending = self._pending, []
             self._cond.notify_all()  # room for waiting appenders
             return batch

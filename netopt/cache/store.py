@@ -308,7 +308,7 @@ class Cache:
         Raises StorageError when the disk is full or the capacity cannot hold the
         pinned and in-use chunks; the cache is then unchanged apart from evictions.
         """
-        final = self.chunk_path(chunk_id)
+        validate_chunk_id(chunk_id)
         with self._lock:
             if chunk_id in self.sizes_bytes:
                 return
@@ -316,6 +316,7 @@ class Cache:
         if len(data) < PACK_MAX_CHUNK_BYTES:
             self._put_packed(chunk_id, data, on_placed)
             return
+        final = self.chunk_path(chunk_id)
         tmp = self.tmp_dir / f"{chunk_id}.{next(self._tmp_names)}"
         try:
             if final.parent not in self._chunk_dirs:

@@ -421,8 +421,12 @@ class HttpChunkSource:
         left = n_bytes
         stall_s = self.stall_timeout_s
         while left > 0:
-            async with asyncio.timeout(stall_s):
-                piece = await resp.content.readexactly(min(left, _READ_PIECE_BYTES))
+            # What has arrived already is taken without a timer (two a frame cost more
+            # than the read on a tree of small chunks); only a wait is bounded.
+            piece = resp.content.read_nowait(min(left, _READ_PIECE_BYTES))
+            if not piece:
+                async with asyncio.timeout(stall_s):
+                    piece = await resp.content.readexactly(min(left, _READ_PIECE_BYTES))
             if self._bucket is not None:
                 await self._bucket.take(len(piece))
             parts.append(piece)
