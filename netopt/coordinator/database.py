@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from netopt.coordinator.catalogue import Catalogue, RouteAnswer, RouteRequest
+from netopt.coordinator.groupcommit import GroupCommit, GroupLimits
 from netopt.coordinator.matrix_query import MatrixReader
 from netopt.coordinator.store import Store
 from netopt.coordinator.storeapi import (
@@ -47,7 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKGROUND_NICE",
+    "PG_INGEST_LIMITS",
     "RESTART_AFTER_FRAMES",
+    "SQLITE_INGEST_LIMITS",
     "Database",
     "PgDatabase",
     "StoreRunner",
@@ -64,6 +67,14 @@ RESTART_AFTER_FRAMES = 32768
 # runs the event loop and the writer first (a checkpoint copying 10k pages, sharing a
 # core with the loop on equal terms, stretched the loop's garbage collections 3-5x).
 BACKGROUND_NICE = 10
+# PostgreSQL ingest: a group is written once its oldest batch has waited 20 ms or 4
+# batches wait (Kafka's linger.ms and batch.size), then with every batch waiting (up
+# to 256). Each write costs a thread hand-off, a round trip and a wake-up for the
+# answer (~0.5 ms of CPU); a replica taking 100-200 batches a second wrote 1.07-1.13
+# per statement without it, ~2.9-3.8 with it, so a replica taking half the load no
+# longer pays those costs per batch. SQLite, in the process, writes at once.
+PG_INGEST_LIMITS = GroupLimits(linger_s=0.020, linger_until_batches=4)
+SQLITE_INGEST_LIMITS = GroupLimits()
 
 
 def _lower_thread_priority(nice: int = BACKGROUND_NICE) -> None:
@@ -91,14 +102,13 @@ class StoreRunner(abc.ABC):
     shared = False
     """Whether other replicas may write the same database."""
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, limits: GroupLimits = SQLITE_INGEST_LIMITS) -> None:
         self.description = description
         """What the database is, fit for a log (a URL without its password)."""
         self.observe: Callable[[str, float], None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-db")
         self._store: CoordinatorStore | None = None
-        self._pending: list[tuple[BatchToStore, asyncio.Future[IngestResult]]] = []
-        self._draining = False
+        self._ingest = GroupCommit(self._write_group, limits)
         self._reader_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netopt-read")
         self._reader: MatrixSource | None = None
 
@@ -200,33 +210,16 @@ class StoreRunner(abc.ABC):
         return await self._run(fn, *args, **kwargs)
 
     async def ingest(self, batch: BatchToStore) -> IngestResult:
-        """Store one batch; batches arriving together share one transaction (group commit).
+        """Store one batch; batches arriving together share one write (group commit,
+        :mod:`~netopt.coordinator.groupcommit`).
 
-        Returns once the batch is committed. Raises StorageError.
+        Returns once the batch is committed. Raises StorageError (the queue full, or
+        the group's write failed: nothing of it stored).
         """
-        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        self._pending.append((batch, future))
-        if not self._draining:
-            self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
-        return await future
+        return await self._ingest.submit(batch)
 
-    async def _drain(self) -> None:
-        try:
-            while self._pending:
-                group, self._pending = self._pending, []
-                try:
-                    results = await self._run(self.store.ingest, [b for b, _ in group])
-                except Exception as exc:  # every waiter gets the failure
-                    for _, future in group:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), result in zip(group, results, strict=True):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._draining = False
+    async def _write_group(self, batches: list[BatchToStore]) -> list[IngestResult]:
+        return await self._run(self.store.ingest, batches)
 
     @property
     def store(self) -> CoordinatorStore:
@@ -238,6 +231,7 @@ class StoreRunner(abc.ABC):
     async def close(self) -> None:
         """Close the reader and the store, then stop the threads."""
         loop = asyncio.get_running_loop()
+        await self._ingest.close()
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await loop.run_in_executor(self._reader_executor, reader.close)
@@ -252,8 +246,14 @@ class Database(StoreRunner):
     """SQLite at ``path``: the writer on one thread, the WAL checkpointed on a second,
     matrix queries on a read-only connection on a third."""
 
-    def __init__(self, path: str, *, durable_commits: bool = False) -> None:
-        super().__init__(path)
+    def __init__(
+        self,
+        path: str,
+        *,
+        durable_commits: bool = False,
+        limits: GroupLimits = SQLITE_INGEST_LIMITS,
+    ) -> None:
+        super().__init__(path, limits)
         self._path = path
         self._durable_commits = durable_commits
         self._sqlite: Store | None = None
@@ -343,8 +343,14 @@ class PgDatabase(StoreRunner):
 
     shared = True
 
-    def __init__(self, url: str, *, password: str | None = None) -> None:
-        super().__init__(redact_url(url))
+    def __init__(
+        self,
+        url: str,
+        *,
+        password: str | None = None,
+        limits: GroupLimits = PG_INGEST_LIMITS,
+    ) -> None:
+        super().__init__(redact_url(url), limits)
         self._url = url
         self._password = password
         self._pg_reader: PgStore | None = None
