@@ -12,10 +12,8 @@ thread and one answer back, however many batches it holds.
 batch waiting, up to the group bounds. A replica taking a few
 hundred batches a second then writes a few per statement instead of one, and
 the per-write costs (the thread hand-off, the round trip, the loop's wake-up for
-the answer) are paid once per group; and a replica taking half the load (one of
-two) fills its groups to nearly the same size as one taking all of it, instead
-of paying those costs for nearly every batch. Each batch waits at most
-``linger_s`` more.
+the answer) are paid once per group, at the price of latency: each batch waits
+at most ``linger_s`` more. Off (0) by default: see ``ingest_linger_s``.
 
 Bounds: at most ``max_pending_batches`` wait; a batch offered beyond that is
 refused at once with :class:`~netopt.errors.StorageError` (503 JSON: the agent

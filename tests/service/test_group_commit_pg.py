@@ -187,3 +187,30 @@ async def test_a_full_queue_answers_503_json_over_http(
     assert "ingest queue full" in body["message"]
     for answer in await asyncio.gather(*waiting):
         assert answer.status == 200  # type: ignore[attr-defined]
+
+
+async def test_the_linger_setting_makes_posts_share_one_statement(
+    aiohttp_client: object, tmp_path: Path, postgres_server: PgServer
+) -> None:
+    url = postgres_server.new_database()
+    password_file = tmp_path / "pw"
+    password_file.write_text(PASSWORD)
+    settings = make_settings(tmp_path, database=url, database_password_file=str(password_file),
+                             ingest_linger_s=LINGER_S)  # fmt: skip
+    client = await aiohttp_client(  # type: ignore[operator]
+        create_app(settings, CoordinatorDeps(heartbeat_flush_s=3600))
+    )
+    response = await client.post("/api/v1/agents/register", json=registration("hk-1", "hk"),
+                                 headers=AUTH)  # fmt: skip
+    assert response.status == 200
+    writes = _Writes(client.app[COORDINATOR].db)
+    posts = [
+        client.post("/api/v1/agents/hk-1/summaries", headers=AUTH,
+                    json=batch(f"b{i}", [summary("hk-1", "us-1", T0 - 5)]))
+        for i in range(3)
+    ]  # fmt: skip
+    answers = await asyncio.gather(*posts)
+    assert [a.status for a in answers] == [200, 200, 200]
+    assert writes.count == 1
+    db = client.app[COORDINATOR].db
+    assert await db.call(db.store.counts) == (3, 3)
