@@ -42,7 +42,7 @@ CPU per batch only at similar groups).
     .venv/bin/python scripts/bench_coordinator.py [--agents 1000] [--interval-s 5]
         [--duration-s 30] [--summaries-per-batch 8] [--out bench_coordinator.json]
         [--scenario steady|restart-storm] [--spool-batches 6] [--lockstep] [--tls]
-        [--database postgresql://USER@HOST:PORT/DB [--replicas 2]]
+        [--database postgresql://USER@HOST:PORT/DB [--replicas 2]] [--ingest-linger-s 0.02]
 """
 
 from __future__ import annotations
@@ -394,7 +394,13 @@ def _server_side(metrics: str) -> dict[str, float | None]:
 
 
 def _start_coordinator(
-    tmp: str, port: int, database: str, pin: bool, tls_yaml: str = "", core: int = 0
+    tmp: str,
+    port: int,
+    database: str,
+    pin: bool,
+    tls_yaml: str = "",
+    core: int = 0,
+    linger_s: float = 0.0,
 ) -> subprocess.Popen[bytes]:
     """A coordinator on ``database``: a file name in ``tmp``, or a postgresql:// URL.
 
@@ -406,7 +412,7 @@ def _start_coordinator(
     config = Path(tmp, f"coordinator-{port}.yaml" if "://" in database else f"{database}.yaml")
     config.write_text(
         f"kind: coordinator\nlisten: {{host: 127.0.0.1, port: {port}}}\ntoken: {TOKEN}\n"
-        f"database: {where}\nstale_after_s: 60\n{tls_yaml}"
+        f"database: {where}\nstale_after_s: 60\ningest_linger_s: {linger_s}\n{tls_yaml}"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "netopt", "coordinator", "--config", str(config)],
@@ -475,6 +481,8 @@ def main() -> int:
     parser.add_argument("--lockstep", action="store_true",
                         help="restart-storm: all agents at one phase (the old daemon)")  # fmt: skip
     parser.add_argument("--database", help="steady: a postgresql:// URL instead of SQLite")
+    parser.add_argument("--ingest-linger-s", type=float, default=0.0,
+                        help="steady: the coordinators' ingest_linger_s")  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1,
                         help="steady, with --database: coordinators sharing it")  # fmt: skip
     args = parser.parse_args()
@@ -501,7 +509,8 @@ def main() -> int:
                 port = _free_port()
                 database = args.database or "coordinator.db"
                 core = index if args.pin_replicas == "separate" else 0
-                procs.append(_start_coordinator(tmp, port, database, pin, tls_yaml, core))
+                procs.append(_start_coordinator(tmp, port, database, pin, tls_yaml, core,
+                                                args.ingest_linger_s))  # fmt: skip
                 urls.append(f"{scheme}://127.0.0.1:{port}")
                 asyncio.run(_wait_ready(urls[-1], procs[-1]))
             result = asyncio.run(_load(urls, [p.pid for p in procs], args))
@@ -521,6 +530,7 @@ def main() -> int:
         "pin_replicas": args.pin_replicas if pin else "none",
         "store": "postgresql" if args.database else "sqlite",
         "replicas": args.replicas,
+        "ingest_linger_s": args.ingest_linger_s,
         "batches": len(lat),
         "batches_per_s": len(lat) / args.duration_s,
         "latency_ms": {q: percentile(lat, p) for q, p in (("p50", 50), ("p90", 90), ("p99", 99))}

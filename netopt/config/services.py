@@ -135,6 +135,9 @@ class CoordinatorSettings:
     # "normal": WAL, fsync at checkpoints (an OS crash may lose the last ~2 s of
     # acknowledged batches; a killed process loses nothing). "full": fsync every commit.
     durability: Literal["normal", "full"] = "normal"
+    # Group commit's linger: ingest waits up to this long (or until 4 batches wait) so
+    # that batches share a write; 0 writes at once. Less CPU for more latency.
+    ingest_linger_s: float = bounded(0.0, ge=0, le=1)
     probe_plan: ProbePlanSettings = field(default_factory=ProbePlanSettings)
     datasets_file: str | None = None
     tls: TlsSettings = field(default_factory=TlsSettings)

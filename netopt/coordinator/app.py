@@ -342,6 +342,7 @@ def create_app(
         settings.database,
         durable_commits=durable,
         password=_database_password(settings.database_password_file),
+        ingest_linger_s=settings.ingest_linger_s,
     )
     coordinator = Coordinator(settings, db, deps.clock, deps.heartbeat_flush_s)
     metrics = CoordinatorMetrics(coordinator.state_counts, lambda: coordinator.leader)
