@@ -214,22 +214,23 @@ class PackStore:
             return chunk_id in self.live
 
     def remove(self, chunk_ids: Iterable[str]) -> None:
-        """Drop packed chunks (their records become dead bytes; a tombstone each)."""
+        """Drop packed chunks (their records become dead bytes; a tombstone each, written
+        once per pack)."""
+        tombstones: dict[int, list[bytes]] = {}
         with self._cond:
             for chunk_id in chunk_ids:
-                self._forget_locked(chunk_id)
-
-    def _forget_locked(self, chunk_id: str) -> None:
-        at = self.live.pop(chunk_id, None)
-        if at is None:
-            return
-        self._live_bytes[at.pack] -= _record_bytes(at)
-        if at not in self._unplaced:  # not yet committed: its commit writes the tombstone
-            tombstone = encode_entry(bytes.fromhex(chunk_id), at.offset, TOMBSTONE)
-            try:
-                self._append_index(at.pack, [tombstone])
-            except OSError as exc:  # a full disk: the chunk comes back on open, verified
-                log.debug("%s: cannot record the removal of %s: %s", self.name, chunk_id[:16], exc)
+                at = self.live.pop(chunk_id, None)
+                if at is None:
+                    continue
+                self._live_bytes[at.pack] -= _record_bytes(at)
+                if at not in self._unplaced:  # not yet committed: its commit writes one
+                    entry = encode_entry(bytes.fromhex(chunk_id), at.offset, TOMBSTONE)
+                    tombstones.setdefault(at.pack, []).append(entry)
+            for number, entries in tombstones.items():
+                try:
+                    self._append_index(number, entries)
+                except OSError as exc:  # a full disk: the chunks come back on open, verified
+                    log.debug("%s: cannot record %d removals: %s", self.name, len(entries), exc)
 
     def _append_index(self, number: int, entries: list[bytes]) -> None:
         if not entries:
@@ -266,13 +267,13 @@ class PackStore:
             try:
                 if self._error is None:
                     placed = self._commit(batch)
-            except OSError as exc:
+            except Exception as exc:  # a disk failure, or a bug: never a flush waiting forever
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 with self._cond:
                     self._error = StorageError(
-                        f"{self.name}: cannot make packed chunks durable in {self.dir}: "
-                        f"{exc.strerror or exc}"
+                        f"{self.name}: cannot make packed chunks durable in {self.dir}: {reason}"
                     )
-                log.warning("%s", self._error)
+                log.warning("%s", self._error, exc_info=not isinstance(exc, OSError))
             with self._cond:
                 self._unplaced.difference_update(item.at for item in batch)
                 for item, ok in zip(batch, placed, strict=True):

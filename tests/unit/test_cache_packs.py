@@ -3,6 +3,7 @@ packs and indexes, removals, compaction, and the agent's lock-free reader."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -22,6 +23,8 @@ from netopt.cache.packfmt import (
     encode_entry,
 )
 from netopt.cache.store import Cache
+from netopt.durable import GATHER_S
+from netopt.errors import StorageError
 
 
 def _chunks(count: int, seed: int = 1, size_bytes: int = 3000) -> list[tuple[str, bytes]]:
@@ -162,12 +165,14 @@ def test_the_agents_reader_sees_a_chunk_only_once_durable(
 
     monkeypatch.setattr(os, "fdatasync", slow_disk)
     with Cache.open(tmp_path / "c") as cache:
-        for cid, data in chunks:
-            cache.put(cid, data)
-        assert all(cache.read(cid) == data for cid, data in chunks)  # the cache reads them
-        time.sleep(2 * packs_module.GATHER_S)
-        assert reader.chunk_ids() == set()  # not durable: not indexed, not served to peers
-        disk_done.set()
+        try:
+            for cid, data in chunks:
+                cache.put(cid, data)
+            assert all(cache.read(cid) == data for cid, data in chunks)  # the cache reads them
+            time.sleep(2 * GATHER_S)
+            assert reader.chunk_ids() == set()  # not durable: not indexed, not served to peers
+        finally:
+            disk_done.set()
         cache.flush()
         assert reader.chunk_ids() == {cid for cid, _ in chunks}
         assert all(reader.read(cid) == data for cid, data in chunks)
@@ -187,3 +192,23 @@ def test_hostile_index_entries_are_not_followed(tmp_path: Path) -> None:
     assert PackReader(packs).chunk_ids() == set()  # the first bad entry ends the index
     (packs / "00000001.idx").write_bytes(encode_entry(digest, 40, PACK_MAX_CHUNK_BYTES + 1))
     assert PackReader(packs).chunk_ids() == set()
+
+
+def test_a_failure_inside_the_commit_is_an_error_never_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(fd: int) -> None:
+        raise RuntimeError("a bug below the commit")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    cache = Cache.open(tmp_path / "c")
+    try:
+        cid, data = _chunks(1)[0]
+        cache.put(cid, data)
+        with pytest.raises(StorageError, match="a bug below the commit"):
+            cache.flush()
+        assert not cache.has(cid)  # never durable: forgotten
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(StorageError):
+            cache.close()
