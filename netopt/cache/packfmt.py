@@ -201,20 +201,26 @@ class PackReader:
             return at
 
     def _refresh(self, now_s: float, force: bool) -> None:
-        if not force and now_s - self._refreshed_s < _REFRESH_EVERY_S:
-            return
-        self._refreshed_s = now_s
+        """Fold in what the index files gained. New entries go to the newest packs (the
+        active one, and the one before it while its last batch commits), so those and any
+        new pack are followed on every miss: a chunk announced to peers is found at once.
+        The rest are swept at most every `_REFRESH_EVERY_S` (a peer asking for absent
+        chunks costs a directory listing, not a read of every index)."""
+        sweep = force or now_s - self._refreshed_s >= _REFRESH_EVERY_S
+        if sweep:
+            self._refreshed_s = now_s
         try:
-            names = sorted(n for n in os.listdir(self.packs_dir) if pack_number(n) is not None)
+            names = os.listdir(self.packs_dir)
         except OSError:
             names = []
-        present = set()
-        for name in names:
-            number = pack_number(name)
-            assert number is not None
-            present.add(number)
+        numbers = sorted(n for n in map(pack_number, names) if n is not None)
+        if sweep:
+            follow = numbers
+        else:
+            follow = [n for n in numbers if n not in self._read_bytes] + numbers[-2:]
+        for number in dict.fromkeys(follow):
             self._follow(number)
-        for gone in set(self._read_bytes) - present:
+        for gone in set(self._read_bytes) - set(numbers):
             del self._read_bytes[gone]
             for chunk_id in [c for c, at in self._live.items() if at.pack == gone]:
                 del self._live[chunk_id]

@@ -322,7 +322,8 @@ class PackStore:
             self._urgent += 1
             self._cond.notify_all()
             try:
-                while self._done < target and self._error is None:
+                # Even after a failure: its batch's callbacks (the books) run first.
+                while self._done < target:
                     self._cond.wait()
             finally:
                 self._urgent -= 1
