@@ -212,3 +212,20 @@ def test_a_failure_inside_the_commit_is_an_error_never_a_hang(
         monkeypatch.undo()
         with contextlib.suppress(StorageError):
             cache.close()
+
+
+def test_the_agents_reader_finds_a_chunk_announced_just_after_its_last_look(
+    tmp_path: Path,
+) -> None:
+    # A peer asks for a chunk as soon as it is announced (after its index entry is
+    # written); the reader had looked a moment before, for another chunk.
+    first, second = _chunks(2, seed=5)
+    reader = PackReader(tmp_path / "c" / "packs")
+    with Cache.open(tmp_path / "c") as cache:
+        cache.put(*first)
+        cache.flush()
+        assert reader.read(first[0]) == first[1]
+        assert reader.read(second[0]) is None  # a miss: the reader has just looked
+        cache.put(*second)
+        cache.flush()
+        assert reader.read(second[0]) == second[1]  # well within the sweep's interval
