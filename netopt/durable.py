@@ -25,14 +25,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from netopt.errors import StorageError
 from netopt.fsutil import SYNCFS_MIN_FILES, fsync_dirs, in_threads, syncfs
 
-__all__ = ["BatchFlusher", "gather"]
+__all__ = ["BatchFlusher", "commit_failure", "gather", "run_callbacks"]
 
 log = logging.getLogger(__name__)
 
@@ -232,19 +232,11 @@ class BatchFlusher:
             try:
                 if self._error is None:
                     placed = self._commit(batch)
-            except OSError as exc:
+            except Exception as exc:  # a disk failure, or a bug: never a flush waiting forever
+                where = f"files durable under {batch[0].final.parent}"
                 with self._cond:
-                    self._error = StorageError(
-                        f"{self.name}: cannot make files durable under {batch[0].final.parent}: "
-                        f"{exc.strerror or exc}"
-                    )
-                log.warning("%s", self._error)
-            for item, ok in zip(batch, placed, strict=True):
-                if item.on_commit is not None:
-                    try:
-                        item.on_commit(ok)
-                    except Exception:  # a callback's bug must not stop durability
-                        log.exception("%s: commit callback failed", self.name)
+                    self._error = commit_failure(self.name, where, exc)
+            run_callbacks(self.name, zip([item.on_commit for item in batch], placed, strict=True))
             with self._cond:
                 self._done += len(batch)
                 self.batches += 1
@@ -261,6 +253,28 @@ class BatchFlusher:
             for i, ok in zip(indexes, results, strict=True):
                 placed[i] = ok
         return placed
+
+
+def commit_failure(name: str, what: str, exc: Exception) -> StorageError:
+    """The error a committing thread keeps (and logs) when making ``what`` durable failed:
+    a disk error with its reason, anything else (a bug) with its traceback in the log."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+    error = StorageError(f"{name}: cannot make {what}: {reason}")
+    log.warning("%s", error, exc_info=not isinstance(exc, OSError))
+    return error
+
+
+def run_callbacks(
+    name: str, callbacks: Iterable[tuple[Callable[[bool], None] | None, bool]]
+) -> None:
+    """Run each ``on_commit(placed)``; a callback's bug is logged and must not stop
+    durability."""
+    for on_commit, placed in callbacks:
+        if on_commit is not None:
+            try:
+                on_commit(placed)
+            except Exception:
+                log.exception("%s: commit callback failed", name)
 
 
 def gather(

@@ -43,7 +43,7 @@ from netopt.cache.packfmt import (
     parse_record_header,
     read_at,
 )
-from netopt.durable import gather
+from netopt.durable import commit_failure, gather, run_callbacks
 from netopt.errors import StorageError
 from netopt.fsutil import fsync_dirs
 
@@ -268,24 +268,17 @@ class PackStore:
                 if self._error is None:
                     placed = self._commit(batch)
             except Exception as exc:  # a disk failure, or a bug: never a flush waiting forever
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 with self._cond:
-                    self._error = StorageError(
-                        f"{self.name}: cannot make packed chunks durable in {self.dir}: {reason}"
+                    self._error = commit_failure(
+                        self.name, f"packed chunks durable in {self.dir}", exc
                     )
-                log.warning("%s", self._error, exc_info=not isinstance(exc, OSError))
             with self._cond:
                 self._unplaced.difference_update(item.at for item in batch)
                 for item, ok in zip(batch, placed, strict=True):
                     if not ok and self.live.get(item.chunk_id) == item.at:
                         del self.live[item.chunk_id]
                         self._live_bytes[item.at.pack] -= _record_bytes(item.at)
-            for item, ok in zip(batch, placed, strict=True):
-                if item.on_commit is not None:
-                    try:
-                        item.on_commit(ok)
-                    except Exception:  # a callback's bug must not stop durability
-                        log.exception("%s: commit callback failed", self.name)
+            run_callbacks(self.name, zip([item.on_commit for item in batch], placed, strict=True))
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()

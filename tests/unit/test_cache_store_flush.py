@@ -11,8 +11,10 @@ import blake3
 import pytest
 
 import netopt.cache.store as store_module
+import netopt.durable as durable_module
 from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES
 from netopt.cache.store import Cache
+from netopt.errors import StorageError
 
 
 def _chunk(seed: int) -> tuple[str, bytes]:
@@ -55,3 +57,21 @@ def test_save_index_fsyncs_only_the_directories_changed(
         assert reopened.read(chunks[1][0]) == chunks[1][1]
     finally:
         reopened.close()
+
+
+def test_a_bug_inside_the_file_flushers_commit_is_an_error_never_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(items: object) -> list[bool]:
+        raise RuntimeError("a bug below the commit")
+
+    monkeypatch.setattr(durable_module, "_commit_one_filesystem", broken)
+    flusher = durable_module.BatchFlusher("test-flusher")
+    tmp = tmp_path / ".f.tmp"
+    tmp.write_bytes(b"x")
+    flusher.add(tmp, tmp_path / "f", 1, os.stat(tmp).st_dev)
+    with pytest.raises(StorageError, match="a bug below the commit"):
+        flusher.flush()
+    assert not (tmp_path / "f").exists()
+    with pytest.raises(StorageError):
+        flusher.close()
