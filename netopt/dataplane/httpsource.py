@@ -358,7 +358,12 @@ class HttpChunkSource:
             f"{self.url} is unreachable",
             self._check_data_response,
             self._read_exactly,
+            self._count_wire if self._bucket is None else None,
         )
+
+    def _count_wire(self, n_bytes: int) -> None:
+        """Bytes a stream read off a response without `_read_exactly` (its buffered frames)."""
+        self.wire_bytes += n_bytes
 
     def stream_closed(self, stream: HttpChunkStream) -> None:
         """Note what a closed stream that delivered chunks saw at its end."""
@@ -658,6 +663,12 @@ class _LevelledStream(HttpChunkStream):
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         raw = await super().next(chunk_id, length_bytes)
         self._source.arrived(chunk_id, raw, length_bytes)
+        return raw
+
+    def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
+        raw = super().next_buffered(chunk_id, length_bytes)
+        if raw is not None:
+            self._source.arrived(chunk_id, raw, length_bytes)
         return raw
 
     async def aclose(self, *, complete: bool = True) -> None:

@@ -64,9 +64,13 @@ class ServedDataset:
         """Read and verify one chunk (blocking). Raises KeyError, StorageError, IntegrityError."""
         rel, offset, length = self.index[chunk_id]
         try:
-            with (self.root / rel).open("rb") as f:
-                f.seek(offset)
-                data = f.read(length)
+            # Descriptor calls on a joined string: a tree of small files pays a path
+            # object and a file object per chunk otherwise (a third of a stream's CPU).
+            fd = os.open(f"{self.root}/{rel}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise StorageError(f"cannot read {rel}: {exc}") from exc
         if len(data) != length or blake3.blake3(data).hexdigest() != chunk_id:

@@ -112,6 +112,7 @@ class HttpChunkStream:
         unreachable: str,
         check_status: CheckStatus,
         read_exactly: ReadExactly,
+        count_buffered: Callable[[int], None] | None = None,
     ) -> None:
         self._session = session
         self._url = url
@@ -126,6 +127,11 @@ class HttpChunkStream:
         self._ended = False
         self._broken = False
         self._context = ContextDecoder() if params.get("ctx") == "1" else None
+        self._count_buffered = count_buffered
+        self._carry = b""
+        self._carry_at = 0
+        """Bytes taken off the response by `next_buffered` and not yet consumed (from
+        ``_carry_at`` on): the next frames, whole or in part."""
         self.frames_read = 0
         """Frames read whole off this stream."""
         self.end_version: str | None = None
@@ -163,9 +169,7 @@ class HttpChunkStream:
                 self._resp = await self._ctx.__aenter__()
                 fail_reads_on_close(self._resp)
                 await self._check_status(self._resp, self._where)
-            raw = await read_frame(
-                self._resp, self._read_exactly, chunk_id, length_bytes, self._where
-            )
+            raw = await read_frame(self._resp, self._read, chunk_id, length_bytes, self._where)
             if raw.codec in STREAM_CODECS:
                 raw = await self._decode_in_context(raw, chunk_id, length_bytes)
             self.frames_read += 1
@@ -177,19 +181,116 @@ class HttpChunkStream:
             self._broken = True
             raise
 
+    async def _read(self, resp: aiohttp.ClientResponse, n_bytes: int) -> bytes:
+        """``n_bytes`` of the response: what `next_buffered` took off it first, then the
+        source's bounded read."""
+        left = len(self._carry) - self._carry_at
+        if not left:
+            return await self._read_exactly(resp, n_bytes)
+        at = self._carry_at
+        if left >= n_bytes:
+            self._carry_at = at + n_bytes
+            self._consumed(n_bytes)
+            return self._carry[at : at + n_bytes]
+        head = self._carry[at:]
+        self._carry, self._carry_at = b"", 0
+        self._consumed(left)
+        return head + await self._read_exactly(resp, n_bytes - left)
+
+    def _consumed(self, n_bytes: int) -> None:
+        if self._count_buffered is not None:
+            self._count_buffered(n_bytes)
+
+    def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
+        """Like `next`, without waiting: the frame of ``chunk_id`` when all of it has
+        arrived already, else None (nothing consumed). A tree of small chunks then reads
+        the frames that came in together in one loop turn (`netopt.dataplane.streamwork`).
+
+        Only for a chunk of at most `_INLINE_DECODE_BYTES` (a larger one decodes on a
+        thread: `next`) on a stream opened with ``count_buffered`` (the source has no
+        rate limit to charge the bytes to); ProtocolError and a stream's failures as
+        `next`."""
+        resp = self._resp
+        if (
+            resp is None
+            or self._count_buffered is None
+            or self._broken
+            or length_bytes > _INLINE_DECODE_BYTES
+        ):
+            return None
+        try:
+            return self._frame_from_carry(resp, chunk_id, length_bytes)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._broken = True
+            raise map_errors(exc, self._where, self._unreachable) from exc
+        except BaseException:
+            self._broken = True
+            raise
+
+    def _frame_from_carry(
+        self, resp: aiohttp.ClientResponse, chunk_id: str, length_bytes: int
+    ) -> RawChunk | None:
+        header_bytes = FRAME_HEADER.size
+        if len(self._carry) - self._carry_at < header_bytes and not self._take_arrived(resp):
+            return None
+        if len(self._carry) - self._carry_at < header_bytes:
+            return None
+        at = self._carry_at
+        try:
+            got_id, codec, payload_bytes = parse_frame_header(self._carry[at : at + header_bytes])
+        except ValueError as exc:
+            raise ProtocolError(f"{self._where}: bad frame header: {exc}") from exc
+        if got_id != chunk_id or payload_bytes > max_frame_bytes(length_bytes):
+            raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
+        end = at + header_bytes + payload_bytes
+        if end > len(self._carry):
+            if not self._take_arrived(resp):
+                return None
+            at, end = 0, header_bytes + payload_bytes
+            if end > len(self._carry):
+                return None
+        payload = self._carry[at + header_bytes : end]
+        self._carry_at = end
+        self._consumed(end - at)
+        trace.mark_last("last_byte")
+        raw = RawChunk(payload, codec, end - at)
+        if codec in STREAM_CODECS:
+            raw = self._decode_inline(raw, chunk_id, length_bytes)
+        self.frames_read += 1
+        return raw
+
+    def _take_arrived(self, resp: aiohttp.ClientResponse) -> bool:
+        """Append what the response holds now to the carry (at most aiohttp's buffer:
+        its flow control pauses the socket beyond that); False when nothing was there."""
+        more = resp.content.read_nowait(-1)
+        if not more:
+            return False
+        self._carry = self._carry[self._carry_at :] + more
+        self._carry_at = 0
+        return True
+
+    def _decode_inline(self, raw: RawChunk, chunk_id: str, length_bytes: int) -> RawChunk:
+        """A small stream-context frame decoded on the loop (see `_decode_in_context`)."""
+        if self._context is None:
+            raise ProtocolError(f"{self._where}: a stream-context frame on a stream without one")
+        data = self._context.decode(
+            raw.payload, raw.codec == "zstd-stream-new", chunk_id, length_bytes
+        )
+        return RawChunk(data, "identity", raw.wire_bytes, verified=True)
+
     async def _decode_in_context(self, raw: RawChunk, chunk_id: str, length_bytes: int) -> RawChunk:
         """A stream-context frame decoded (in the stream's order) and verified: an
         ``identity`` chunk. ContextError (a bad copy; the stream is cut) when it does not
         decode to the chunk; ProtocolError when this stream never asked for a context."""
         if self._context is None:
             raise ProtocolError(f"{self._where}: a stream-context frame on a stream without one")
-        decode = self._context.decode
-        new = raw.codec == "zstd-stream-new"
         if length_bytes <= _INLINE_DECODE_BYTES:
             # Microseconds of work: a thread hand-off would cost more (trees of small files).
-            data = decode(raw.payload, new, chunk_id, length_bytes)
-        else:
-            data = await asyncio.to_thread(decode, raw.payload, new, chunk_id, length_bytes)
+            return self._decode_inline(raw, chunk_id, length_bytes)
+        new = raw.codec == "zstd-stream-new"
+        data = await asyncio.to_thread(
+            self._context.decode, raw.payload, new, chunk_id, length_bytes
+        )
         return RawChunk(data, "identity", raw.wire_bytes, verified=True)
 
     async def aclose(self, *, complete: bool = True) -> None:
@@ -205,6 +306,8 @@ class HttpChunkStream:
                 # Read the end of the response so the connection goes back to the pool:
                 # a few bytes at most (the frames asked for were all read).
                 tail = await asyncio.wait_for(_drain(resp, _DRAIN_MAX_BYTES), timeout=5.0)
+                if tail is not None:  # the end frame may be in the carry already
+                    tail = self._carry[self._carry_at :] + tail
                 self.end_version = parse_end_frame(tail) if tail is not None else None
         except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError):
             resp.close()

@@ -23,9 +23,10 @@ from collections import deque
 from collections.abc import Callable
 
 from netopt.dataplane import trace
+from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.streaming import ChunkStream
-from netopt.dataplane.syncrun import SyncRun, bounded_inflight
+from netopt.dataplane.syncrun import SyncRun, bounded_inflight_chunks
 from netopt.errors import IntegrityError, NetworkError, ValidationError
 
 # Logs under the sync engine's name, as it did before this module was split from it.
@@ -167,10 +168,15 @@ async def _run_stream(
     """Read frames off ``stream`` until what it asked for has arrived; True when it ended
     with the queue empty (its worker may then help a stream that lags, on a fresh one).
 
-    Stops early, dropping the connection, once every chunk still expected on it has
-    arrived over another stream.
+    The frames that arrived together (small chunks: ``next_buffered``, where the stream
+    has it) go to `SyncRun.process_group` as one group, at most half the stream's
+    in-flight chunks (`SyncRun.inflight_limit`), so one group is verified and stored
+    while the next is read. Stops early, dropping the connection, once every chunk
+    still expected on it has arrived over another stream.
     """
-    inflight: set[asyncio.Task[None]] = set()
+    buffered: Callable[[str, int], RawChunk | None] | None = getattr(stream, "next_buffered", None)
+    group_max = max(1, run.inflight_limit // 2)
+    inflight: dict[asyncio.Task[None], int] = {}
     try:
         ended = _top_up(run, stream, asked)
         while asked:
@@ -178,24 +184,45 @@ async def _run_stream(
                 trace.count("streams_cut_in_tail")
                 break
             chunk_id = asked[0]
-            raw = await stream.next(chunk_id, run.lengths[chunk_id])
-            asked.arrived(run.lengths[chunk_id])
-            run.wire_bytes += raw.wire_bytes
-            if chunk_id in run.claimed:
-                run.duplicate_wire_bytes += raw.wire_bytes
-                trace.count("duplicate_wire_bytes", raw.wire_bytes)
-            else:
-                run.claimed.add(chunk_id)
-                inflight.add(asyncio.create_task(run.process(chunk_id, raw, on_stored)))
+            raw: RawChunk | None = await stream.next(chunk_id, run.lengths[chunk_id])
+            group: list[tuple[str, RawChunk]] = []
+            try:
+                while raw is not None:
+                    _arrived(run, asked, chunk_id, raw, group)
+                    if buffered is None or not asked or len(group) >= group_max:
+                        break
+                    chunk_id = asked[0]
+                    raw = buffered(chunk_id, run.lengths[chunk_id])
+                    if raw is not None:
+                        trace.count("frames_read_buffered")
+            finally:
+                if group:  # dispatched even when a later frame failed: they are claimed
+                    task = asyncio.create_task(run.process_group(group, on_stored))
+                    inflight[task] = len(group)
             if not ended:
                 ended = _top_up(run, stream, asked)
-            inflight = await bounded_inflight(inflight, run.inflight_limit)
+            inflight = await bounded_inflight_chunks(inflight, run.inflight_limit)
     finally:
         results = await asyncio.gather(*inflight, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
     return not run.queue
+
+
+def _arrived(
+    run: SyncRun, asked: Asked, chunk_id: str, raw: RawChunk, group: list[tuple[str, RawChunk]]
+) -> None:
+    """``chunk_id``'s frame arrived on the stream of ``asked``: counted, and added to
+    ``group`` unless another stream's copy came first."""
+    asked.arrived(run.lengths[chunk_id])
+    run.wire_bytes += raw.wire_bytes
+    if chunk_id in run.claimed:
+        run.duplicate_wire_bytes += raw.wire_bytes
+        trace.count("duplicate_wire_bytes", raw.wire_bytes)
+    else:
+        run.claimed.add(chunk_id)
+        group.append((chunk_id, raw))
 
 
 async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:

@@ -44,7 +44,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IN_FLIGHT", "SyncRun", "bounded_inflight", "inflight_limit", "retries_exhausted"]
+__all__ = [
+    "IN_FLIGHT",
+    "SyncRun",
+    "bounded_inflight",
+    "bounded_inflight_chunks",
+    "inflight_limit",
+    "retries_exhausted",
+]
 
 IN_FLIGHT = 4
 """Received chunks per stream that may be verifying or storing while the next arrives
@@ -79,6 +86,21 @@ async def bounded_inflight(
     return pending
 
 
+async def bounded_inflight_chunks(
+    inflight: dict[asyncio.Task[None], int], limit: int
+) -> dict[asyncio.Task[None], int]:
+    """`bounded_inflight` for tasks that each verify and store a group of chunks (task ->
+    its chunks): wait while ``limit`` chunks or more are in flight."""
+    while inflight and sum(inflight.values()) >= limit:
+        waited_s = time.monotonic()
+        done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+        trace.add_seconds("worker_blocked_inflight", time.monotonic() - waited_s)
+        for task in done:
+            del inflight[task]
+            task.result()
+    return inflight
+
+
 def retries_exhausted(
     exc: NetoptError, chunk_id: str, failing_s: float, window_s: float
 ) -> NetworkError:
@@ -107,6 +129,24 @@ def _verify_and_store(
     if put is not None:
         put(data)
     return data, write_claimed(data, claims) if claims else []
+
+
+_Received = tuple[RawChunk, str, int, "Callable[[bytes], None] | None", list[ClaimedWrite]]
+"""One received chunk for the pool: (frame, name, length, its blocking put, claimed files)."""
+
+
+def _verify_and_store_all(
+    received: list[_Received],
+) -> list[tuple[bytes, list[OSError | None]] | Exception]:
+    """`_verify_and_store` for each chunk of a group, on one pool thread; per chunk its
+    result or the exception it raised (one chunk's failure leaves the others' results)."""
+    outcomes: list[tuple[bytes, list[OSError | None]] | Exception] = []
+    for item in received:
+        try:
+            outcomes.append(_verify_and_store(*item))
+        except Exception as exc:  # handed back to that chunk's bookkeeping on the loop
+            outcomes.append(exc)
+    return outcomes
 
 
 class SyncRun:
@@ -246,41 +286,80 @@ class SyncRun:
         return min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
 
     async def process(self, chunk_id: str, raw: RawChunk, on_stored: Callable[[str], None]) -> None:
-        """Verify one received chunk and store it; a bad one goes back in the queue.
+        """Verify one received chunk and store it; a bad one goes back in the queue
+        (`process_group` of one)."""
+        await self.process_group([(chunk_id, raw)], on_stored)
 
-        The small files made of this one chunk alone are written by the same pool call,
-        from the verified bytes (`FileAssembler.claim`)."""
-        length = self.lengths[chunk_id]
+    async def process_group(
+        self, group: list[tuple[str, RawChunk]], on_stored: Callable[[str], None]
+    ) -> None:
+        """Verify received chunks and store them, in one pool hand-off; a bad one goes
+        back in the queue, the others are stored.
+
+        The small files made of one chunk alone are written by the same pool call, from
+        the verified bytes (`FileAssembler.claim`). A stream hands over the small frames
+        that arrived together as one group (`netopt.dataplane.streamwork`): one task,
+        one hand-off and one progress report for them all instead of one each."""
         put = self._blocking_put
-        claimed: list[FileAssembler] = []
-        writes: list[ClaimedWrite] = []
-        for assembler in self.writers.get(chunk_id, ()):
-            write = assembler.claim(chunk_id)
-            if write is not None:
-                claimed.append(assembler)
-                writes.append(write)
+        claims: list[list[FileAssembler]] = []
+        received: list[_Received] = []
+        weight_bytes = 0
+        for chunk_id, raw in group:
+            length = self.lengths[chunk_id]
+            claimed: list[FileAssembler] = []
+            writes: list[ClaimedWrite] = []
+            for assembler in self.writers.get(chunk_id, ()):
+                write = assembler.claim(chunk_id)
+                if write is not None:
+                    claimed.append(assembler)
+                    writes.append(write)
+            claims.append(claimed)
+            received.append((raw, chunk_id, length, None if put is None else put(chunk_id), writes))
+            weight_bytes += (int(put is not None) + len(writes)) * length
         try:
             with trace.timed("decode_await"):
                 # One hand-off verifies, stores (when the sink stores on a thread) and
-                # writes the claimed files.
-                weight_bytes = (int(put is not None) + len(writes)) * length
-                data, errors = await self.in_thread(
-                    _verify_and_store, raw, chunk_id, length,
-                    None if put is None else put(chunk_id), writes, weight_bytes=weight_bytes,
-                )  # fmt: skip
-        except BaseException as exc:
+                # writes the claimed files, for every chunk of the group.
+                outcomes = await self.in_thread(
+                    _verify_and_store_all, received, weight_bytes=weight_bytes
+                )
+        except BaseException:
+            for claimed in claims:
+                for assembler in claimed:
+                    assembler.claimed(False)
+            raise
+        failed: Exception | None = None
+        for (chunk_id, _), claimed, outcome in zip(group, claims, outcomes, strict=True):
+            try:
+                await self._stored(chunk_id, claimed, outcome, on_stored)
+            except Exception as exc:  # the others' bookkeeping first, then the first error
+                failed = failed or exc
+        self._progress()
+        if failed is not None:
+            raise failed
+
+    async def _stored(
+        self,
+        chunk_id: str,
+        claimed: list[FileAssembler],
+        outcome: tuple[bytes, list[OSError | None]] | Exception,
+        on_stored: Callable[[str], None],
+    ) -> None:
+        """The bookkeeping of one chunk of `process_group` once its pool call is done."""
+        if isinstance(outcome, Exception):
             for assembler in claimed:
                 assembler.claimed(False)
-            if not isinstance(exc, IntegrityError):
-                raise
+            if not isinstance(outcome, IntegrityError):
+                raise outcome
             self.claimed.discard(chunk_id)
-            self.charge(chunk_id, exc)
+            self.charge(chunk_id, outcome)
             self.requeue([chunk_id])
             return
+        data, errors = outcome
         self.fetched_logical_bytes += len(data)
         if claimed and isinstance(self.sink, HeldSink):
             self.sink.uses[chunk_id] -= len(claimed)  # those files read it already
-        if put is None:
+        if self._blocking_put is None:
             with trace.timed("put_await"):
                 await self.sink.put(chunk_id, data)
         elif isinstance(self.sink, HeldSink):
@@ -297,7 +376,6 @@ class SyncRun:
         self.chunks_done += 1
         self.logical_done_bytes += len(data)
         on_stored(chunk_id)
-        self._progress()
         if self.chunks_done == self.chunks_total:
             trace.mark("chunks_stored")
             log.debug("all %d chunks stored at %.3f s", self.chunks_done, self._elapsed_s())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +65,25 @@ class FakeStream:
         self.closed_complete = complete
 
 
+class BufferedFakeStream(FakeStream):
+    """A `FakeStream` whose frames after the first of each wait have all arrived at once
+    (``next_buffered`` hands them out without waiting), as a tree's small frames do."""
+
+    def __init__(self, source: StreamingSource, delay_s: float, break_after: int | None) -> None:
+        super().__init__(source, delay_s, break_after)
+        self.buffered = 0
+
+    def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
+        if self.break_after is not None and self.sent >= self.break_after:
+            raise NetworkError("stream cut")  # the break shows in the bytes already read
+        if self.sent >= len(self.asked):
+            return None
+        assert self.asked[self.sent] == chunk_id
+        self.sent += 1
+        self.buffered += 1
+        return self.source.fetch_chunk_now(chunk_id)
+
+
 class StreamingSource(MemoryChunkSource):
     """A memory source that also opens streams; per-stream delays and breaks by open order."""
 
@@ -80,9 +100,20 @@ class StreamingSource(MemoryChunkSource):
         self.break_after = break_after or {}
         self.streams: list[FakeStream] = []
 
+    buffered_streams = False
+
+    def fetch_chunk_now(self, chunk_id: str) -> RawChunk:
+        self.fetches[chunk_id] += 1
+        data = self.chunks[chunk_id]
+        if chunk_id in self.corrupt_first:
+            self.corrupt_first.discard(chunk_id)
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        return RawChunk(data, "identity", len(data))
+
     def open_stream(self) -> FakeStream:
         n = len(self.streams)
-        stream = FakeStream(self, self.delays_s[min(n, len(self.delays_s) - 1)], None)
+        kind = BufferedFakeStream if self.buffered_streams else FakeStream
+        stream = kind(self, self.delays_s[min(n, len(self.delays_s) - 1)], None)
         stream.break_after = self.break_after.get(n)
         self.streams.append(stream)
         return stream
@@ -174,3 +205,55 @@ async def test_corrupt_frame_on_a_stream_is_fetched_again(tmp_path: Path) -> Non
     assert source.fetches[bad] == 2
     assert sink.chunks[bad] == table[bad]
     assert summary.chunk_retries == 1
+
+
+def _small_files(n_files: int) -> tuple[Manifest, dict[str, bytes], dict[str, bytes]]:
+    """``n_files`` files of 1-3 KB, each one chunk."""
+    rng = random.Random(22)
+    entries, table, files = [], {}, {}
+    for i in range(n_files):
+        data = rng.randbytes(rng.randint(1000, 3000))
+        ref = ChunkRef(0, len(data), chunk_id(data))
+        table[ref.chunk_id] = data
+        files[f"d/f{i:04d}"] = data
+        entries.append(FileEntry(f"d/f{i:04d}", len(data), 0o644, 1_600_000_000 * 10**9, (ref,)))
+    return Manifest("ds", tuple(entries), 16 * 1024), table, files
+
+
+async def test_frames_that_arrived_together_are_stored_as_a_group_and_a_bad_one_refetched(
+    tmp_path: Path,
+) -> None:
+    manifest, table, files = _small_files(300)
+    ids = list(table)
+    bad = {ids[5], ids[150]}  # inside groups, not at their starts
+    source = StreamingSource(manifest, table, [0.0], corrupt_first=frozenset(bad))
+    source.buffered_streams = True
+    sink = CountingSink()
+    options = replace(FAST, stream_ahead_bytes=1 << 20)
+    summary = await sync_manifest(manifest, source, sink, tmp_path, options)
+    for rel, data in files.items():
+        assert (tmp_path / rel).read_bytes() == data
+    assert sum(s.buffered for s in source.streams if isinstance(s, BufferedFakeStream)) > 200
+    assert {cid for cid, n in source.fetches.items() if n > 1} == bad
+    assert max(sink.puts.values()) == 1
+    assert summary.chunk_retries == 2
+
+
+async def test_a_stream_that_breaks_inside_a_group_keeps_the_frames_read_before(
+    tmp_path: Path,
+) -> None:
+    manifest, table, files = _small_files(120)
+    source = StreamingSource(manifest, table, [0.0], break_after={0: 40})
+    source.buffered_streams = True
+    sink = CountingSink()
+    summary = await sync_manifest(
+        manifest, source, sink, tmp_path, replace(FAST, stream_ahead_bytes=1 << 20)
+    )
+    for rel, data in files.items():
+        assert (tmp_path / rel).read_bytes() == data
+    # The 40 frames the first stream delivered were stored from it, never asked again.
+    first = source.streams[0]
+    assert first.sent == 40
+    assert all(source.fetches[cid] == 1 for cid in first.asked[:40])
+    assert max(sink.puts.values()) == 1
+    assert summary.chunks_fetched == len(table)
