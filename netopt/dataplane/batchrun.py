@@ -63,6 +63,15 @@ class ThreadBatcher:
 
         A call cancelled before its batch starts is not run (as with `run_in_executor`);
         one whose batch started runs to its end."""
+        return await self.submit(func, *args, weight_bytes=weight_bytes)
+
+    def submit(
+        self, func: Callable[..., Any], *args: Any, weight_bytes: int = 0
+    ) -> asyncio.Future[Any]:
+        """`run` without a coroutine: the future of ``func(*args)`` (on the running loop).
+        Cancelling it before its batch starts keeps the call from running. A server's
+        stream queues a call per chunk ahead of sending it: a task each cost more than
+        the call."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append((func, args, weight_bytes, future))
@@ -70,7 +79,7 @@ class ThreadBatcher:
             # Launched on the loop's next turn: calls queued in this turn share the job.
             self._scheduled = True
             loop.call_soon(self._launch, loop)
-        return await future
+        return future
 
     def _take(self, count: int) -> list[_Call]:
         """Up to ``count`` queued calls (and `MAX_BATCH`, `MAX_BATCH_BYTES`), oldest first;

@@ -512,23 +512,16 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
                     break
                 name, name_level = got
                 future: asyncio.Future[tuple[bytes, Codec]]
-                if context is None or _weight(ds, name) >= CONTEXT_MAX_CHUNK_BYTES:
-                    future = asyncio.ensure_future(
-                        batcher.run(
-                            _read_and_encode, ds, name, name_level, weight_bytes=_weight(ds, name)
-                        )
+                weight_bytes = _weight(ds, name)
+                if context is None or weight_bytes >= CONTEXT_MAX_CHUNK_BYTES:
+                    future = batcher.submit(
+                        _read_and_encode, ds, name, name_level, weight_bytes=weight_bytes
                     )
                 else:
-                    future = asyncio.ensure_future(
-                        lane.run(
-                            _read_and_encode_in_context,
-                            ds,
-                            name,
-                            name_level,
-                            context,
-                            weight_bytes=_weight(ds, name),
-                        )
-                    )
+                    future = lane.submit(
+                        _read_and_encode_in_context, ds, name, name_level, context,
+                        weight_bytes=weight_bytes,
+                    )  # fmt: skip
                 upcoming.append((name, future))
             if not upcoming:
                 break
