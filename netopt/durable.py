@@ -53,7 +53,7 @@ GATHER_BYTES = MAX_PENDING_BYTES // 2
 
 @dataclass
 class _Item:
-    tmp: Path
+    tmp: str | Path
     final: Path
     size_bytes: int
     dev: int
@@ -98,7 +98,7 @@ def _prepare_and_fsync(item: _Item) -> bool:
 def _commit_one_filesystem(items: list[_Item]) -> list[bool]:
     """Durable bytes, then renames, then durable renames; per item, whether it is in
     place (False: its temporary file was withdrawn meanwhile). OSError on disk failures."""
-    anchor = items[0].tmp.parent
+    anchor = os.path.dirname(items[0].tmp)
     by_syncfs = False
     if len(items) >= SYNCFS_MIN_FILES:
         present = [_prepare(item) for item in items]
@@ -142,7 +142,7 @@ class BatchFlusher:
 
     def add(
         self,
-        tmp: Path,
+        tmp: str | Path,
         final: Path,
         size_bytes: int,
         dev: int,

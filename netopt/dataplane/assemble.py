@@ -18,6 +18,7 @@ under ``ulimit -n 256``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import hashlib
 import itertools
@@ -112,14 +113,16 @@ def tmp_stem(name: str) -> str:
     return "~" + hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
-def _tmp_name(target: Path) -> Path:
+def _tmp_name(target: Path) -> str:
     """A fresh temporary name beside ``target``: one random prefix per process and a
-    serial (a random token per file cost a ``getrandom`` call each, 20,000 for a tree)."""
-    stem = tmp_stem(target.name)
-    return target.with_name(f".{stem}.{_TMP_PREFIX}{next(_tmp_serial):x}{TMP_SUFFIX}")
+    serial (a random token per file cost a ``getrandom`` call each, 20,000 for a tree).
+    A string, not a path object: a tree of small files makes one per file, and every
+    call that takes it converts a path object back to a string."""
+    parent, _, name = str(target).rpartition("/")
+    return f"{parent}/.{tmp_stem(name)}.{_TMP_PREFIX}{next(_tmp_serial):x}{TMP_SUFFIX}"
 
 
-def _finish(f: IO[bytes], tmp: Path, target: Path, entry: FileEntry, flusher: BatchFlusher) -> None:
+def _finish(f: IO[bytes], tmp: str, target: Path, entry: FileEntry, flusher: BatchFlusher) -> None:
     """Close the complete file and hand it to ``flusher`` (which may wait while its
     backlog is full)."""
     f.flush()
@@ -136,7 +139,7 @@ per file instead of an open on the loop and a hop per chunk plus one to finish."
 
 
 def _write_whole(
-    tmp: Path, parts: list[bytes], target: Path, entry: FileEntry, flusher: BatchFlusher
+    tmp: str, parts: list[bytes], target: Path, entry: FileEntry, flusher: BatchFlusher
 ) -> None:
     """Create ``tmp`` with ``parts`` and hand it to ``flusher``; on failure ``tmp`` is gone.
 
@@ -166,11 +169,12 @@ def _write_whole(
                 mode=None if early else entry.mode, mtime_ns=None if early else entry.mtime_ns,
             )  # fmt: skip
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 
-ClaimedWrite = tuple[Path, Path, FileEntry, BatchFlusher]
+ClaimedWrite = tuple[str, Path, FileEntry, BatchFlusher]
 """A whole file to write from one chunk's bytes: (temporary name, target, entry, flusher)."""
 
 
@@ -188,11 +192,12 @@ def write_claimed(data: bytes, claims: list[ClaimedWrite]) -> list[OSError | Non
     return errors
 
 
-def _discard(f: IO[bytes] | None, tmp: Path | None) -> None:
+def _discard(f: IO[bytes] | None, tmp: str | None) -> None:
     if f is not None and not f.closed:
         f.close()
     if tmp is not None:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 class OpenFiles:
@@ -271,7 +276,7 @@ class FileAssembler:
         self._next = 0
         self._running = False
         self.done = False
-        self._tmp: Path | None = None
+        self._tmp: str | None = None
         self._file: IO[bytes] | None = None
 
     def needs(self) -> set[str]:
@@ -351,9 +356,9 @@ class FileAssembler:
         # cancellation and leak the handle.
         if self._tmp is None:
             self._tmp = _tmp_name(self.target)
-            self._file = self._tmp.open("wb")
+            self._file = open(self._tmp, "wb")  # noqa: SIM115 (open between chunks)
         else:
-            self._file = self._tmp.open("ab")  # closed between chunks for the budget
+            self._file = open(self._tmp, "ab")  # noqa: SIM115  # closed between chunks for the budget
         return self._file
 
     async def _advance(self) -> None:
