@@ -421,3 +421,21 @@ async def test_a_failed_prefetched_info_is_not_waited_on_for_its_manifest(
         await runner.cleanup()
         await real.cleanup()
     assert waited_s < 2.0, waited_s
+
+
+async def test_the_served_manifest_is_encoded_as_the_server_starts(tmp_path: Path) -> None:
+    """The first client finds the encoding made (or under way) and it is made once."""
+    _small_files(tmp_path / "src", 3000)
+    runner, port, _, served = await start(tmp_path / "src")
+    try:
+        encodings: ManifestEncodings = runner.app[MANIFESTS]
+        for _ in range(200):  # before any request
+            if encodings.encoded:
+                break
+            await asyncio.sleep(0.025)
+        assert encodings.encoded == 1
+        manifest, _ = await _fetch(port)
+        assert manifest == served
+        assert encodings.encoded == 1  # the request took the encoding made at the start
+    finally:
+        await runner.cleanup()
