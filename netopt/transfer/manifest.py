@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import json.encoder
 import os
 import re
 import stat
@@ -29,6 +30,7 @@ __all__ = [
     "FileEntry",
     "Manifest",
     "build_manifest",
+    "canonical_manifest_json",
     "manifest_from_dict",
     "manifest_to_dict",
     "validate_chunk_id",
@@ -119,8 +121,7 @@ class Manifest:
         """The canonical JSON form (sorted keys, no spaces), made once: it names the
         version (`manifest_id`) and is what the cache stores, so a sync of a tree
         serializes its manifest once, not twice."""
-        text = json.dumps(manifest_to_dict(self), sort_keys=True, separators=(",", ":"))
-        return text.encode()
+        return canonical_manifest_json(self)
 
     @functools.cached_property
     def manifest_id(self) -> str:
@@ -164,6 +165,30 @@ def build_manifest(
     except OSError as exc:
         raise StorageError(f"cannot read {root}: {exc}") from exc
     return Manifest(name=name, files=tuple(files), avg_chunk_bytes=avg_chunk_bytes)
+
+
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps quotes strings with
+
+
+def _chunks_json(chunks: tuple[ChunkRef, ...]) -> str:
+    return ",".join([f'["{c.chunk_id}",{c.length_bytes}]' for c in chunks])
+
+
+def canonical_manifest_json(manifest: Manifest) -> bytes:
+    """``json.dumps(manifest_to_dict(manifest), sort_keys=True, separators=(",", ":"))``
+    encoded, byte for byte, written directly: the document's shape and key order are
+    fixed, so a 100k-file tree needs no 100k dicts and lists to sort and walk (the
+    sync and the server each made it once per version: ~0.8 s of a sync's start).
+    Chunk names are checked hex (nothing to quote); paths and the name are quoted as
+    `json.dumps` quotes them (ASCII, its escapes)."""
+    files = ",".join(
+        f'{{"chunks":[{_chunks_json(f.chunks)}],"mode":{f.mode},"mtime_ns":{f.mtime_ns},'
+        f'"path":{_json_string(f.path)},"size_bytes":{f.size_bytes}}}'
+        for f in manifest.files
+    )
+    name = _json_string(manifest.name)
+    text = f'{{"avg_chunk_bytes":{manifest.avg_chunk_bytes},"files":[{files}],"name":{name}}}'
+    return text.encode("ascii")
 
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:

@@ -103,3 +103,39 @@ def test_build_and_round_trip(tmp_path: Path) -> None:
     assert again == manifest
     assert again.manifest_id == manifest.manifest_id
     assert manifest.total_bytes == 300_005
+
+
+def test_the_canonical_json_is_json_dumps_of_the_document_byte_for_byte(tmp_path: Path) -> None:
+    """`canonical_manifest_json` writes the canonical form directly; it must be exactly
+    what ``json.dumps(sort_keys, compact)`` makes of `manifest_to_dict`, on names JSON
+    must escape (quotes, non-ASCII, non-UTF-8 bytes as surrogates), empty files, many
+    chunks and the largest integers a manifest holds."""
+    import json
+
+    from netopt.chunking import ChunkRef
+    from netopt.transfer.manifest import (
+        FileEntry,
+        Manifest,
+        build_manifest,
+        canonical_manifest_json,
+        manifest_to_dict,
+    )
+
+    def dumped(m: Manifest) -> bytes:
+        return json.dumps(manifest_to_dict(m), sort_keys=True, separators=(",", ":")).encode()
+
+    names = ['q"uote', "caf\u00e9/\u65e5\u672c", "tab\u2028sep", "emoji\U0001f600",
+             os.fsdecode(b"raw\xff\xfe"), "a b/c", "x" * 255]  # fmt: skip
+    files = []
+    for i, name in enumerate(names):
+        chunks = tuple(ChunkRef(k * 10, 10, f"{(i * 31 + k) % 256:02x}" * 32) for k in range(i % 4))
+        files.append(FileEntry(name, 10 * len(chunks), 0o755 - i, 2**62 - i, chunks))
+    odd = Manifest("ds-1.x_y", tuple(files), 2**31)
+    assert canonical_manifest_json(odd) == dumped(odd)
+    for i, name in enumerate(names[:-1]):
+        path = tmp_path / "tree" / f"d{i}" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(i * 5000))
+    built = build_manifest(tmp_path / "tree", "ds", 4096)
+    assert canonical_manifest_json(built) == dumped(built)
+    assert built.canonical_json == dumped(built)
