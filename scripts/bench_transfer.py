@@ -474,6 +474,7 @@ def bench_dataset(
                     "--cache-dir",
                     str(cache),
                     *(args.tls.client_args() if args.tls is not None else []),
+                    *args.netopt_args,
                 ]
             elif tool == "rsync":
                 # Daemon mode, zstd on the wire (rsync >= 3.2), the whole tree in one run.
@@ -803,7 +804,13 @@ def main() -> int:
         action="store_true",
         help="print each netopt run's timeline (NETOPT_TRACE, see netopt.dataplane.trace)",
     )
+    parser.add_argument(
+        "--netopt-args",
+        default="",
+        help="extra options for each `netopt sync` (split on spaces), e.g. '--streams 8'",
+    )
     args = parser.parse_args()
+    args.netopt_args = args.netopt_args.split()
     args.tools = [t for t in args.tools.split(",") if t]
     args.limit_levels = [int(x) for x in args.limit_levels.split(",") if x]
     kinds = [k for k in args.data.split(",") if k]
