@@ -26,7 +26,7 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.streaming import ChunkStream
-from netopt.dataplane.syncrun import SyncRun, bounded_inflight_chunks
+from netopt.dataplane.syncrun import SyncRun, bounded_inflight
 from netopt.errors import IntegrityError, NetworkError, ValidationError
 
 # Logs under the sync engine's name, as it did before this module was split from it.
@@ -201,7 +201,7 @@ async def _run_stream(
                     inflight[task] = len(group)
             if not ended:
                 ended = _top_up(run, stream, asked)
-            inflight = await bounded_inflight_chunks(inflight, run.inflight_limit)
+            inflight = await bounded_inflight(inflight, run.inflight_limit)
     finally:
         results = await asyncio.gather(*inflight, return_exceptions=True)
     for result in results:

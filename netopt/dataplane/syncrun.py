@@ -48,7 +48,6 @@ __all__ = [
     "IN_FLIGHT",
     "SyncRun",
     "bounded_inflight",
-    "bounded_inflight_chunks",
     "inflight_limit",
     "retries_exhausted",
 ]
@@ -68,7 +67,12 @@ INLINE_GROUP_BYTES = 256 * 1024
 itself. Small chunks are Python work that holds the interpreter lock: on a pool thread it
 ran beside nothing and paid a lock hand-off at every system call it made (a 20,000-file
 sync made 265,000 futex calls, 13 a file; inline: -20% of the client's CPU). Its writes
-go to the page cache; the waits for the disk stay in the flushers' threads."""
+go to the page cache and the fsyncs stay in the flushers' threads, so such a call takes
+about a millisecond. What it can wait on is back-pressure: when the disk falls behind,
+the pack store's and the file flusher's bounded backlogs make it wait for room, on the
+loop (a pool thread would wait the same and the streams would stop reading the same);
+a wait longer than the stall timeout can then cut a stream, which is retried, never
+lost. Larger chunks (their hashing and decompression release the lock) go to the pool."""
 
 
 def inflight_limit(lengths: dict[str, int]) -> int:
@@ -80,25 +84,11 @@ def inflight_limit(lengths: dict[str, int]) -> int:
 
 
 async def bounded_inflight(
-    inflight: set[asyncio.Task[None]], limit: int = IN_FLIGHT
-) -> set[asyncio.Task[None]]:
-    """Wait for one verify-and-store task when ``limit`` run (re-raising its error);
-    the ones still running."""
-    if len(inflight) < limit:
-        return inflight
-    waited_s = time.monotonic()
-    done, pending = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-    trace.add_seconds("worker_blocked_inflight", time.monotonic() - waited_s)
-    for task in done:
-        task.result()
-    return pending
-
-
-async def bounded_inflight_chunks(
     inflight: dict[asyncio.Task[None], int], limit: int
 ) -> dict[asyncio.Task[None], int]:
-    """`bounded_inflight` for tasks that each verify and store a group of chunks (task ->
-    its chunks): wait while ``limit`` chunks or more are in flight."""
+    """Wait while ``limit`` chunks or more are verifying or storing (``inflight``: each
+    task and the chunks it handles), re-raising a finished task's error; the ones still
+    running."""
     while inflight and sum(inflight.values()) >= limit:
         waited_s = time.monotonic()
         done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
@@ -140,14 +130,15 @@ def _verify_and_store(
 
 
 _Received = tuple[RawChunk, str, int, "Callable[[bytes], None] | None", list[ClaimedWrite]]
-"""One received chunk for the pool: (frame, name, length, its blocking put, claimed files)."""
+"""One received chunk to verify and store: (frame, name, length, its blocking put, claimed
+files)."""
 
 
 def _verify_and_store_all(
     received: list[_Received],
 ) -> list[tuple[bytes, list[OSError | None]] | Exception]:
-    """`_verify_and_store` for each chunk of a group, on one pool thread; per chunk its
-    result or the exception it raised (one chunk's failure leaves the others' results)."""
+    """`_verify_and_store` for each chunk of a group, in one call; per chunk its result
+    or the exception it raised (one chunk's failure leaves the others' results)."""
     outcomes: list[tuple[bytes, list[OSError | None]] | Exception] = []
     for item in received:
         try:
@@ -301,13 +292,14 @@ class SyncRun:
     async def process_group(
         self, group: list[tuple[str, RawChunk]], on_stored: Callable[[str], None]
     ) -> None:
-        """Verify received chunks and store them, in one pool hand-off; a bad one goes
-        back in the queue, the others are stored.
+        """Verify received chunks and store them in one call (on the loop for a group of
+        small chunks, `INLINE_GROUP_BYTES`, else one pool hand-off); a bad one goes back
+        in the queue, the others are stored.
 
-        The small files made of one chunk alone are written by the same pool call, from
-        the verified bytes (`FileAssembler.claim`). A stream hands over the small frames
+        The small files made of one chunk alone are written by the same call, from the
+        verified bytes (`FileAssembler.claim`). A stream hands over the small frames
         that arrived together as one group (`netopt.dataplane.streamwork`): one task,
-        one hand-off and one progress report for them all instead of one each."""
+        one call and one progress report for them all instead of one each."""
         put = self._blocking_put
         claims: list[list[FileAssembler]] = []
         received: list[_Received] = []
@@ -405,7 +397,7 @@ class SyncRun:
         while self.queue:
             batch = self.take_batch()
             received = 0
-            inflight: set[asyncio.Task[None]] = set()
+            inflight: dict[asyncio.Task[None], int] = {}
             failure: NetworkError | None = None
             try:
                 wanted = [(cid, self.lengths[cid]) for cid in batch]
@@ -413,7 +405,7 @@ class SyncRun:
                     chunk_id = batch[received]
                     received += 1
                     self.wire_bytes += raw.wire_bytes
-                    inflight.add(asyncio.create_task(self.process(chunk_id, raw, on_stored)))
+                    inflight[asyncio.create_task(self.process(chunk_id, raw, on_stored))] = 1
                     inflight = await bounded_inflight(inflight, self.inflight_limit)
                 if received < len(batch):
                     raise NetworkError(f"the source sent {received} of {len(batch)} chunks")
