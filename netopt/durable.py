@@ -54,7 +54,7 @@ GATHER_BYTES = MAX_PENDING_BYTES // 2
 @dataclass
 class _Item:
     tmp: str | Path
-    final: Path
+    final: str | Path
     size_bytes: int
     dev: int
     mode: int | None
@@ -114,7 +114,8 @@ def _commit_one_filesystem(items: list[_Item]) -> list[bool]:
             ok = False  # withdrawn by its owner (e.g. an evicted chunk)
         placed.append(ok)
     if not (by_syncfs and syncfs(anchor)):
-        fsync_dirs(item.final.parent for item, ok in zip(items, placed, strict=True) if ok)
+        dirs = {os.path.dirname(item.final) for item, ok in zip(items, placed, strict=True) if ok}
+        fsync_dirs(Path(d) for d in dirs)
     return placed
 
 
@@ -143,7 +144,7 @@ class BatchFlusher:
     def add(
         self,
         tmp: str | Path,
-        final: Path,
+        final: str | Path,
         size_bytes: int,
         dev: int,
         *,
@@ -233,7 +234,7 @@ class BatchFlusher:
                 if self._error is None:
                     placed = self._commit(batch)
             except Exception as exc:  # a disk failure, or a bug: never a flush waiting forever
-                where = f"files durable under {batch[0].final.parent}"
+                where = f"files durable under {os.path.dirname(batch[0].final)}"
                 with self._cond:
                     self._error = commit_failure(self.name, where, exc)
             run_callbacks(self.name, zip([item.on_commit for item in batch], placed, strict=True))

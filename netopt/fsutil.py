@@ -27,6 +27,7 @@ __all__ = [
     "fsync_dir",
     "fsync_dirs",
     "in_threads",
+    "process_umask",
     "syncfs",
 ]
 
@@ -37,6 +38,20 @@ SYNCFS_MIN_FILES = 4
 _FSYNC_THREADS = 8
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+
+
+def process_umask() -> int | None:
+    """This process's umask, from ``/proc/self/status`` (setting it to read it would race
+    with threads creating files); None where the kernel does not say. About 20 us: read
+    it once per batch of files, not per file."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:

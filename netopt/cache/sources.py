@@ -132,7 +132,7 @@ class OpenedSource:
         origin has versions to ask about; with the other kinds a chunk whose bytes
         changed fails its check as it is read."""
 
-    def levels_over_time(self) -> list[dict[str, float | int]] | None:
+    def levels_over_time(self) -> list[dict[str, float | int | None]] | None:
         """The adaptive compression level's samples; None where the level does not adapt."""
         return None
 
@@ -160,7 +160,7 @@ class OpenedServed(OpenedSource):
                 f"{self.served.url}: the dataset changed while it was being synced"
             )
 
-    def levels_over_time(self) -> list[dict[str, float | int]] | None:
+    def levels_over_time(self) -> list[dict[str, float | int | None]] | None:
         adapter = self.served.adapter
         return adapter.to_list() if adapter is not None else None
 
@@ -318,6 +318,7 @@ class NetoptSource(Source):
             lookup = asyncio.ensure_future(measured_link(opts.coordinator, url.host, url.port))
         try:
             info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+            trace.mark("manifest_parsed")
             measured = await _looked_up(lookup)
         finally:
             if lookup is not None:
@@ -341,6 +342,7 @@ class NetoptSource(Source):
             max_streams=opts.max_streams,
             meta_bytes=overhead_bytes,
         )
+        trace.mark("plan_made")
         level = opts.zstd_level
         source.zstd_level = plan.zstd_level if level is None else (level or None)
         if level is None:

@@ -285,7 +285,9 @@ def sync_command(
         ),
     )
     bar = _Bar() if not as_json and not dry_run and err_console.is_terminal else None
-    with bar.progress if bar is not None else contextlib.nullcontext():
+    from netopt.dataplane.sync import gc_batch_thresholds
+
+    with bar.progress if bar is not None else contextlib.nullcontext(), gc_batch_thresholds():
         report = asyncio.run(run_sync(request, on_progress=bar.update if bar else None))
     if as_json:
         print_json(report.to_dict())

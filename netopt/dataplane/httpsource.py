@@ -388,7 +388,9 @@ class HttpChunkSource:
     def arrived(self, chunk_id: str, raw: RawChunk, length_bytes: int) -> None:
         """``chunk_id``'s frame was read: the adapter may move the level for what is asked next."""
         if self.adapter is not None:
-            level = self.adapter.arrived(chunk_id, raw.wire_bytes, length_bytes, time.monotonic())
+            level = self.adapter.arrived(
+                chunk_id, raw.wire_bytes, length_bytes, time.monotonic(), time.thread_time()
+            )
             self.zstd_level = level or None
 
     async def __aexit__(self, *exc: object) -> None:

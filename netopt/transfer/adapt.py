@@ -9,6 +9,11 @@ achieves over windows of about `WINDOW_S` and moves the level one step at a time
   carries more logical data over the same wire;
 - the CPU holds it back (the logical rate is near what the codec sustains at this
   level): back off to a cheaper level;
+- neither does (the wire carries under `LINK_IDLE` of a known link rate while the
+  codec has room; or the client's event loop was on the CPU for `LOOP_BUSY` of the
+  window): something else holds it back, such as a tree of small files with its
+  per-file costs on either end, or CPUs shared with other work. Stay: no level carries
+  more past that limit, and a higher one costs the sender's CPU for nothing;
 - a step that measured worse than where it came from is undone, and not tried again
   while that measurement is fresh (`STALE_S`): the hill climb's check on the model.
 
@@ -36,6 +41,8 @@ from netopt.transfer.planner import (
 __all__ = [
     "CPU_HEADROOM",
     "LINK_FULL",
+    "LINK_IDLE",
+    "LOOP_BUSY",
     "STALE_S",
     "WINDOW_S",
     "LevelAdapter",
@@ -54,6 +61,15 @@ CPU_HEADROOM = 0.7
 """Below this share of what the codec sustains at a level, the CPU is not the limit."""
 LINK_FULL = 0.8
 """At this share of the known link rate (goodput), the link is the limit."""
+LINK_IDLE = 0.5
+"""Below this share of a known link rate (goodput) on the wire, the link is not the limit.
+Measured on the lab's 80 Mbit/s link, a 100,000-file tree: 15-24 Mbit/s on the wire at
+every level from 1 to 9 (the logical rate 60-88 Mbit/s at each, within the noise), while
+the sender's CPU doubled from level 1 to 9."""
+LOOP_BUSY = 0.85
+"""At this share of a window spent on the CPU by the receiving event loop's thread, the
+receiver is the limit (measured: a 100,000-file sync's loop ran at 0.87-0.95 of a core
+while the level climbed from 1 to 7 for no gain and the sender's CPU doubled)."""
 STALE_S = 10.0
 """A level's measured rate guides the climb for this long; then the level may be tried again."""
 MAX_SAMPLES = 512
@@ -76,6 +92,9 @@ class Window:
     seconds: float
     wire_bytes: int
     logical_bytes: int
+    loop_busy_share: float | None = None
+    """CPU seconds of the receiving event loop's thread per second of the window (None:
+    not measured)."""
 
     @property
     def wire_bps(self) -> float:
@@ -127,6 +146,11 @@ def next_level(
             return neighbour
     link_full = link_bps is not None and window.wire_bps >= LINK_FULL * link_bps * HEADER_EFFICIENCY
     cpu_spare = logical_bps < CPU_HEADROOM * models[current].cpu_bps
+    link_idle = link_bps is not None and window.wire_bps < LINK_IDLE * link_bps * HEADER_EFFICIENCY
+    busy = window.loop_busy_share
+    loop_bound = not link_full and busy is not None and busy >= LOOP_BUSY
+    if cpu_spare and (link_idle or loop_bound):
+        return current  # neither the wire nor the codec: no level moves more past the limit
     if link_full or cpu_spare:
         # The wire is the limit: a higher ratio carries more over it, while the CPUs keep up.
         for level in higher:
@@ -149,8 +173,10 @@ class LevelAdapter:
     """The measurement windows of one fetch and the level they lead to.
 
     Call `asked` when a chunk is requested (with the level it is asked at) and
-    `arrived` when its frame has been read; `arrived` answers the level to ask at
-    from then on. ``samples``: ``(t_s, level, wire_bps, logical_bps)`` per window.
+    `arrived` when its frame has been read, on the receiving event loop's thread with
+    that thread's CPU clock (``time.thread_time()``) when it can; `arrived` answers the
+    level to ask at from then on. ``samples``: ``(t_s, level, wire_bps, logical_bps,
+    loop_busy_share)`` per window.
     """
 
     models: Mapping[int, LevelModel]
@@ -158,13 +184,14 @@ class LevelAdapter:
     link_bps: float | None
     started_s: float
     measured: dict[int, tuple[float, float]] = field(default_factory=dict)
-    samples: list[tuple[float, int, float, float]] = field(default_factory=list)
+    samples: list[tuple[float, int, float, float, float | None]] = field(default_factory=list)
     changes: int = 0
     _asked: dict[str, int] = field(default_factory=dict)
     _window_s: float | None = None
     _changed_s: float | None = None
     _wire_bytes: int = 0
     _logical_bytes: int = 0
+    _loop_cpu_s: float | None = None
 
     def asked(self, chunk_id: str, level: int) -> None:
         self._asked[chunk_id] = level
@@ -180,28 +207,40 @@ class LevelAdapter:
         self._changed_s = None
         return False
 
-    def arrived(self, chunk_id: str, wire_bytes: int, logical_bytes: int, now_s: float) -> int:
+    def arrived(
+        self,
+        chunk_id: str,
+        wire_bytes: int,
+        logical_bytes: int,
+        now_s: float,
+        loop_cpu_s: float | None = None,
+    ) -> int:
         """Count one frame; the level to ask at next."""
         asked_level = self._asked.pop(chunk_id, self.level)
         if asked_level != self.level or self._settling(now_s):
             return self.level
         if self._window_s is None:
             self._window_s = now_s  # the window opens with its first frame: count the rest
+            self._loop_cpu_s = loop_cpu_s
             return self.level
         self._wire_bytes += wire_bytes
         self._logical_bytes += logical_bytes
         seconds = now_s - self._window_s
         if seconds < WINDOW_S:
             return self.level
-        window = Window(self.level, seconds, self._wire_bytes, self._logical_bytes)
+        busy = None
+        if loop_cpu_s is not None and self._loop_cpu_s is not None:
+            busy = max(0.0, loop_cpu_s - self._loop_cpu_s) / seconds
+        window = Window(self.level, seconds, self._wire_bytes, self._logical_bytes, busy)
         self.measured[self.level] = (window.logical_bps, now_s)
         if len(self.samples) >= MAX_SAMPLES:
             del self.samples[0]
         self.samples.append(
-            (now_s - self.started_s, self.level, window.wire_bps, window.logical_bps)
+            (now_s - self.started_s, self.level, window.wire_bps, window.logical_bps, busy)
         )
         chosen = next_level(window, self.models, self.measured, now_s, self.link_bps)
         self._window_s = now_s
+        self._loop_cpu_s = loop_cpu_s
         self._wire_bytes = self._logical_bytes = 0
         if chosen != self.level:
             self.level = chosen
@@ -210,14 +249,16 @@ class LevelAdapter:
             self._window_s = None
         return self.level
 
-    def to_list(self) -> list[dict[str, float | int]]:
-        """``levels_over_time`` of ``netopt sync --json``."""
+    def to_list(self) -> list[dict[str, float | int | None]]:
+        """``levels_over_time`` of ``netopt sync --json`` (``loop_busy``: the receiving
+        loop's CPU share of the window, None when not measured)."""
         return [
             {
                 "t_s": round(t_s, 3),
                 "level": level,
                 "goodput_mbps": round(wire_bps / 1e6, 2),
                 "logical_mbps": round(logical_bps / 1e6, 2),
+                "loop_busy": None if busy is None else round(busy, 3),
             }
-            for t_s, level, wire_bps, logical_bps in self.samples
+            for t_s, level, wire_bps, logical_bps, busy in self.samples
         ]

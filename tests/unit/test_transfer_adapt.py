@@ -8,6 +8,7 @@ import math
 import pytest
 
 from netopt.transfer.adapt import (
+    LOOP_BUSY,
     STALE_S,
     WINDOW_S,
     LevelAdapter,
@@ -106,6 +107,41 @@ def test_the_adapter_measures_each_level_from_frames_asked_at_it() -> None:
     deliver(int(WINDOW_S / 0.01) + 3)
     assert [s[1] for s in adapter.samples] == [1, 3]
     assert adapter.to_list()[1]["level"] == 3
+
+
+def test_a_busy_receiver_holds_the_level() -> None:
+    # The wire carries 20 Mbit/s at level 1 and the CPU model has room (the climb of
+    # test_a_link_bound_transfer_compresses_harder), but the receiving loop was on the
+    # CPU for 0.9 of the window: a tree of small files, bound by its per-file costs.
+    busy = Window(1, 1.0, 2_500_000, 6_000_000, LOOP_BUSY + 0.05)
+    assert next_level(busy, MODELS, {}, 0.0, None) == 1
+    idle = Window(1, 1.0, 2_500_000, 6_000_000, LOOP_BUSY - 0.3)
+    assert next_level(idle, MODELS, {}, 0.0, None) == 3
+    # A full known link still compresses harder: the wire is the limit, busy or not.
+    full = Window(3, 1.0, 11_500_000, 31_000_000, 0.95)
+    assert next_level(full, MODELS, {}, 0.0, 100e6) == 5
+
+
+def test_a_known_link_far_from_full_holds_the_level() -> None:
+    # 20 Mbit/s on a known 100 Mbit/s link, the codec with room: neither is the limit.
+    assert next_level(window(1, 20e6, 2.4), MODELS, {}, 0.0, 100e6) == 1
+    # At 60 Mbit/s (over LINK_IDLE) the wire may be the limit (a ramp, a shared link).
+    assert next_level(window(1, 60e6, 2.4), MODELS, {}, 0.0, 100e6) == 3
+
+
+@pytest.mark.parametrize(("cpu_per_frame_s", "climbs"), [(0.0095, False), (0.002, True)])
+def test_the_adapter_measures_the_loops_cpu_share(cpu_per_frame_s: float, climbs: bool) -> None:
+    adapter = LevelAdapter(MODELS, 1, None, started_s=0.0)
+    now_s = cpu_s = 0.0
+    level = 1
+    for n in range(int(WINDOW_S / 0.01) + 2):
+        adapter.asked(f"c{n}", level)
+        now_s += 0.01
+        cpu_s += cpu_per_frame_s
+        level = adapter.arrived(f"c{n}", 25_000, 60_000, now_s, cpu_s)
+    assert adapter.samples[0][4] == pytest.approx(cpu_per_frame_s / 0.01)
+    assert adapter.to_list()[0]["loop_busy"] == round(cpu_per_frame_s / 0.01, 3)
+    assert level == (3 if climbs else 1)
 
 
 def test_figures_say_where_each_came_from() -> None:
