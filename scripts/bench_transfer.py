@@ -28,7 +28,10 @@ Per run: seconds, effective (logical) Mbit/s, share of the kind's limit (the sam
 mode's ``iperf3 -P8`` x the kind's best zstd ratio among --limit-levels; iperf3
 alone for an incompressible kind), bytes on the wire (IP bytes us -> hk from the
 lab's relay counters), CPU seconds (client + server) and, for netopt, the plan's
-predicted time and its error. A summary per kind and mode sets netopt's share
+predicted time and its error; beside it the cold-start floor: ``iperf3 -P8 -R -n``
+moving the kind's bytes at its best ratio over fresh connections (what a perfect
+compressor would send, from slow start), and each tool's seconds against it. A
+summary per kind and mode sets netopt's share
 against issue 14's goal (0.85; 0.95 incompressible; 0.7 for smallfiles) and the
 best peer. Every run is bounded by --timeout-s; a run cut short reports its rate
 from the bytes that did arrive (status "timeout"). Needs root.
@@ -100,6 +103,9 @@ class Row:
 
     rtt_ms: float = 0.0
     """The link's round trip (the topology's), for `reachable_share`."""
+    cold_s: float | None = None
+    """Seconds ``iperf3 -P8 -n`` took, over fresh connections, to move the kind's bytes
+    at its best ratio (the same mode): the cold-start floor, for `cold_share`."""
 
     @property
     def share(self) -> float | None:
@@ -115,6 +121,16 @@ class Row:
             return None
         floor_s = self.logical_bytes * 8 / (self.limit_mbps * 1e6) + FLOOR_RTTS * self.rtt_ms / 1e3
         return floor_s / self.seconds
+
+    @property
+    def cold_share(self) -> float | None:
+        """The cold-start floor (`cold_s`: the bytes a perfect compressor sends, moved by
+        iperf3 from slow start) against the run's seconds. A transfer of a few seconds on
+        a long, lossy link spends most of them in slow start, which the steady-state
+        ``share`` does not count: there 1.0 is out of reach for every tool."""
+        if not self.cold_s or not self.seconds:
+            return None
+        return self.cold_s / self.seconds
 
     @property
     def status(self) -> str:
@@ -578,7 +594,9 @@ def print_trace(trace: dict[str, Any], launched_s: float, ended_s: float) -> Non
     )
 
 
-def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace) -> Row:
+def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace, n_bytes: int | None = None) -> Row:
+    """``iperf3 -P8 -R`` for ``--iperf-s`` (the steady-state reference), or until
+    ``n_bytes`` have moved (``-n``: the cold-start floor of a kind, fresh connections)."""
     server = lab.popen(
         "us-1",
         ["iperf3", "-s", "-p", str(PORTS["iperf3"]), "-1"],
@@ -596,17 +614,30 @@ def bench_iperf3(lab: Lab, mode: str, args: argparse.Namespace) -> Row:
             "-P",
             "8",
             "-R",
-            "-t",
-            str(args.iperf_s),
+            *(["-t", str(args.iperf_s)] if n_bytes is None else ["-n", str(n_bytes)]),
             "-J",
         ]
         _, wire, cpu, timed_out, out, _, _ = run_client(lab, argv, args.iperf_s + 30, server.pid)
-        received = int(json.loads(out)["end"]["sum_received"]["bytes"]) if not timed_out else 0
+        summed = json.loads(out)["end"]["sum_received"] if not timed_out else {}
+        received = int(summed.get("bytes", 0))
+        seconds = float(summed.get("seconds", args.iperf_s))
     finally:
         stop(server)
+    if n_bytes is not None:
+        row = Row(mode, "-", "iperf3 -P8 -n", seconds, received, wire, cpu, timed_out)
+        print(f"  {mode:5} iperf3 -P 8 -n {n_bytes}: {seconds:.2f} s", flush=True)
+        return row
     row = Row(mode, "-", "iperf3 -P8", float(args.iperf_s), received, wire, cpu, timed_out)
     print(f"  {mode:5} iperf3 -P 8: {row.effective_mbps:.1f} Mbit/s", flush=True)
     return row
+
+
+def cold_floor_s(lab: Lab, mode: str, info: KindInfo, args: argparse.Namespace) -> float | None:
+    """`Row.cold_s` for a kind: iperf3 moving its bytes at its best ratio from slow start
+    (None when iperf3 failed)."""
+    n_bytes = max(1, int(info.size_bytes / limit_ratio(info, args.limit_levels)))
+    row = bench_iperf3(lab, mode, args, n_bytes)
+    return row.seconds if not row.timed_out and row.logical_bytes >= n_bytes else None
 
 
 def goal_share(info: KindInfo) -> float:
@@ -710,6 +741,9 @@ def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any
                 "netopt_mbps": netopt.effective_mbps if netopt else None,
                 "netopt_share": netopt.share if netopt else None,
                 "netopt_reachable_share": netopt.reachable_share if netopt else None,
+                "cold_s": here[0].cold_s,
+                "netopt_cold_share": netopt.cold_share if netopt else None,
+                "best_peer_cold_share": best_peer.cold_share if best_peer else None,
                 "netopt_complete": bool(netopt and netopt.status == "ok"),
                 "best_peer": best_peer.tool if best_peer else None,
                 "best_peer_mbps": best_peer.effective_mbps if best_peer else None,
@@ -724,9 +758,10 @@ def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any
 def print_summary(summary: list[dict[str, Any]]) -> None:
     print(
         "\n| kind | mode | zstd ratios | limit Mbit/s | netopt Mbit/s | share | of reachable "
-        "| goal | met | best peer (Mbit/s) | ahead |"
+        "| cold floor s | of cold floor (netopt / best peer) | goal | met "
+        "| best peer (Mbit/s) | ahead |"
     )
-    print("|" + "---|" * 11)
+    print("|" + "---|" * 13)
     for s in summary:
         ratios = "/".join(f"{v:.2f}" for v in s["zstd_ratios"].values())
         met = s["netopt_share"] is not None and s["netopt_share"] >= s["goal_share"]
@@ -734,6 +769,8 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
         print(
             f"| {s['kind']} | {s['mode']} | {ratios} | {limit or 0:.1f} | {ours or 0:.1f} "
             f"| {_pct(s['netopt_share'])} | {_pct(s['netopt_reachable_share'])} "
+            f"| {_pct(s['cold_s'])} "
+            f"| {_pct(s['netopt_cold_share'])} / {_pct(s['best_peer_cold_share'])} "
             f"| {s['goal_share']:.2f} | {'yes' if met else 'no'} "
             f"| {s['best_peer']} ({peer or 0:.1f}) | {'yes' if s['ahead_of_peers'] else 'no'} |"
         )
@@ -842,6 +879,7 @@ def main() -> int:
         )
         print(f"corpus ready in {time.monotonic() - t0:.1f} s", flush=True)
         print_kinds(infos.values())
+        cold: dict[tuple[str, str], float | None] = {}
         with Lab.start(args.topology) as lab:
             args.tls = None
             if not args.plaintext:
@@ -852,8 +890,12 @@ def main() -> int:
                 if "iperf3" in args.tools:
                     rows.append(bench_iperf3(lab, mode, args))
                 for kind in kinds:
+                    if "iperf3" in args.tools:
+                        cold[mode, kind] = cold_floor_s(lab, mode, infos[kind], args)
                     rows.extend(bench_dataset(lab, mode, infos[kind], work / "out", args))
     set_limits(rows, infos, args.limit_levels, 2 * link["delay_ms"])
+    for r in rows:
+        r.cold_s = cold.get((r.mode, r.data))
     print_table(rows, 2 * link["delay_ms"])
     summary = summarize(rows, infos)
     print_summary(summary)
