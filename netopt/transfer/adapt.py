@@ -65,11 +65,13 @@ LINK_IDLE = 0.5
 """Below this share of a known link rate (goodput) on the wire, the link is not the limit.
 Measured on the lab's 80 Mbit/s link, a 100,000-file tree: 15-24 Mbit/s on the wire at
 every level from 1 to 9 (the logical rate 60-88 Mbit/s at each, within the noise), while
-the sender's CPU doubled from level 1 to 9."""
+the sender's CPU rose (10.3 s a sync at level 1, 12.2 s at level 3, 1.17 cores in
+``top`` at levels 5-9)."""
 LOOP_BUSY = 0.85
 """At this share of a window spent on the CPU by the receiving event loop's thread, the
-receiver is the limit (measured: a 100,000-file sync's loop ran at 0.87-0.95 of a core
-while the level climbed from 1 to 7 for no gain and the sender's CPU doubled)."""
+receiver itself is the limit: its loop is near a whole core. (On the two-core lab, where
+the server shares the machine, a 100,000-file sync's loop measured 0.6-0.78 a window:
+there `LINK_IDLE` is what holds the level.)"""
 STALE_S = 10.0
 """A level's measured rate guides the climb for this long; then the level may be tried again."""
 MAX_SAMPLES = 512
