@@ -12,7 +12,7 @@ import pytest
 
 from netopt.cache.packfmt import TOMBSTONE, PackReader, encode_entry, pack_name
 from netopt.cache.sources import SourceOptions
-from netopt.cache.syncer import SyncRequest
+from netopt.cache.syncer import SyncReport, SyncRequest, run_sync
 from netopt.dataplane.client import ClientOptions
 
 CHUNK_BYTES = 64 * 1024
@@ -77,6 +77,22 @@ def request(source: str, dest: Path, cache: Path, **kw: object) -> SyncRequest:
 
 def served_options(token: str, cpu: object) -> SourceOptions:
     return SourceOptions(client=ClientOptions(token=token), client_cpu=cpu)  # type: ignore[arg-type]
+
+
+async def sync_served_tree(src: Path, dest: Path, cache: Path) -> SyncReport:
+    """``src`` served by a real netopt server on localhost (token, test CPU profile),
+    synced into ``dest`` through ``cache``; the server stopped after."""
+    from tests.service.dataplane_helpers import CPU, TOKEN, start
+
+    runner, port, _, _ = await start(src)
+    try:
+        req = SyncRequest(
+            f"netopt://127.0.0.1:{port}/ds", str(dest), str(cache),
+            source_options=served_options(TOKEN, CPU),
+        )  # fmt: skip
+        return await run_sync(req)
+    finally:
+        await runner.cleanup()
 
 
 def mount_tmpfs(where: Path, size: str) -> None:

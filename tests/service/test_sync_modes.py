@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.fsutil import process_umask
-from tests.service.cache_helpers import served_options
-from tests.service.dataplane_helpers import CPU, TOKEN, start
+from tests.service.cache_helpers import sync_served_tree
 
 MODES = [0o644, 0o664, 0o600, 0o755, 0o775, 0o777, 0o640, 0o700, 0o444, 0o400, 0o200]
 
@@ -51,24 +49,13 @@ def test_modes_and_mtimes_are_exact_under_any_umask(tmp_path: Path, umask: int) 
     src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
     expected = _make(src)
 
-    async def go() -> None:
-        runner, port, _, _ = await start(src)
-        try:
-            req = SyncRequest(
-                f"netopt://127.0.0.1:{port}/ds", str(dest), str(cache),
-                source_options=served_options(TOKEN, CPU),
-            )  # fmt: skip
-            before = os.umask(umask)
-            try:
-                report = await run_sync(req)
-            finally:
-                os.umask(before)
-            assert report.summary is not None
-            assert report.summary.files_written == len(expected)
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(go())
+    before = os.umask(umask)
+    try:
+        report = asyncio.run(sync_served_tree(src, dest, cache))
+    finally:
+        os.umask(before)
+    assert report.summary is not None
+    assert report.summary.files_written == len(expected)
     for rel, (mode, mtime_ns) in expected.items():
         st = (dest / rel).stat()
         assert stat.S_IMODE(st.st_mode) == mode, (rel, oct(stat.S_IMODE(st.st_mode)))

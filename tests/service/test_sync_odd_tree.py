@@ -11,9 +11,7 @@ import os
 import random
 from pathlib import Path
 
-from netopt.cache.syncer import SyncRequest, run_sync
-from tests.service.cache_helpers import served_options
-from tests.service.dataplane_helpers import CPU, TOKEN, start
+from tests.service.cache_helpers import sync_served_tree
 
 FILES = 10_000
 RAW_NAMES = [b"caf\xe9.txt", b"\xff\xfe-latin1-\xe4.bin", b"ok-\xc3\xa9-utf8.txt"]
@@ -66,20 +64,9 @@ def test_an_odd_tree_of_ten_thousand_files_syncs_byte_for_byte(tmp_path: Path) -
     src, dest, cache = tmp_path / "src", tmp_path / "dest", tmp_path / "cache"
     expected = _make(src)
 
-    async def go() -> None:
-        runner, port, _, _ = await start(src)
-        try:
-            req = SyncRequest(
-                f"netopt://127.0.0.1:{port}/ds", str(dest), str(cache),
-                source_options=served_options(TOKEN, CPU),
-            )  # fmt: skip
-            report = await run_sync(req)
-            assert report.summary is not None
-            assert report.summary.files_written == len(expected)
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(go())
+    report = asyncio.run(sync_served_tree(src, dest, cache))
+    assert report.summary is not None
+    assert report.summary.files_written == len(expected)
     files, links, dirs = _tree(dest)
     assert files == expected  # every regular file, byte for byte, names as bytes
     assert links == set()  # symlinks are left out, not followed
