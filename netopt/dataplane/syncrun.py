@@ -192,6 +192,10 @@ class SyncRun:
         after `unclaim`): another stream's copy of one is dropped unread where possible."""
         self.asking: list[Asked] = []
         """Each live stream's chunks asked for and not yet arrived, oldest first."""
+        self.stolen: dict[str, asyncio.Event] = {}
+        """Chunks a second stream asked for at the tail (`netopt.dataplane.streamwork`): each
+        event is set when a copy arrives, so the stream still receiving the other copy
+        stops at once instead of finishing a frame nobody needs."""
         self.duplicate_wire_bytes = 0
         opener = getattr(source, "open_stream", None)
         self.open_stream: Callable[[], ChunkStream] | None = opener if callable(opener) else None
@@ -356,6 +360,7 @@ class SyncRun:
             if not isinstance(outcome, IntegrityError):
                 raise outcome
             self.claimed.discard(chunk_id)
+            self.stolen.pop(chunk_id, None)  # asked for afresh: a new race if stolen again
             self.charge(chunk_id, outcome)
             self.requeue([chunk_id])
             return

@@ -45,6 +45,7 @@ class FakeStream:
         self.sent = 0
         self.closed_complete: bool | None = None
         self.ended = False
+        self.cancelled_in_frame = False
 
     def ask(self, chunk_id: str) -> None:
         assert not self.ended, "ask() after end()"
@@ -55,7 +56,11 @@ class FakeStream:
 
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         assert self.asked[self.sent] == chunk_id  # frames come in the order asked
-        await asyncio.sleep(self.delay_s)
+        try:
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled_in_frame = True
+            raise
         if self.break_after is not None and self.sent >= self.break_after:
             raise NetworkError("stream cut")
         self.sent += 1
@@ -180,6 +185,29 @@ async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path
     assert slow.sent < len(slow.asked)
     assert slow.closed_complete is False
     assert max(sink.puts.values()) == 1  # each chunk stored once
+    assert summary.chunks_fetched == len(table)
+
+
+async def test_a_stolen_copy_still_arriving_is_cut_when_the_original_arrives(
+    tmp_path: Path,
+) -> None:
+    # The first stream needs 0.3 s per frame; the second none, so it runs out of work and
+    # asks again, on a fresh stream, for the first stream's last chunk. That third stream
+    # is the slow one (5 s a frame, as a fresh request's small window can be): the
+    # original arrives first, and the sync must not wait for the copy.
+    manifest, table, data = _dataset(8)
+    source = StreamingSource(manifest, table, [0.3, 0.0, 5.0])
+    sink = CountingSink()
+    summary = await asyncio.wait_for(
+        sync_manifest(manifest, source, sink, tmp_path, FAST), timeout=4.0
+    )
+    assert (tmp_path / "f.bin").read_bytes() == data
+    original, stealer = source.streams[0], source.streams[2]
+    assert stealer.asked and set(stealer.asked) <= set(original.asked)
+    assert original.sent == len(original.asked)  # the original delivered everything
+    assert stealer.sent == 0 and stealer.cancelled_in_frame  # the copy was cut mid-frame
+    assert stealer.closed_complete is False  # and its connection dropped
+    assert max(sink.puts.values()) == 1
     assert summary.chunks_fetched == len(table)
 
 
