@@ -105,6 +105,9 @@ class SourceOptions:
     coordinator: CoordinatorRef | None = None
     """Where to look up the measured link to a netopt server's node (rate, loss)."""
     client_cpu: CpuProfile | None = None
+    file_cost_dir: str | None = None
+    """Where a sync of many files measures this node's per-file cost when ``client_cpu``
+    has none (`netopt.cache.filecost`): on the filesystem it writes to. None: not measured."""
     state_dir: str | None = None
     """Where sources without manifests remember how their files were chunked (web dirs, S3)."""
     s3: S3Options = field(default_factory=S3Options)
@@ -323,6 +326,15 @@ class NetoptSource(Source):
         finally:
             if lookup is not None:
                 lookup.cancel()
+        if cpu.per_file_s is None and opts.file_cost_dir is not None:
+            from netopt.cache.filecost import per_file_cost_s  # it syncs: syncer imports us
+
+            per_file_s = await asyncio.to_thread(
+                per_file_cost_s, opts.file_cost_dir, len(manifest.files)
+            )
+            if per_file_s is not None:
+                cpu = replace(cpu, per_file_s=per_file_s)
+                trace.mark("file_cost")
         if info.manifest_id != manifest.manifest_id:
             # The two were answered by different versions: the files changed in between.
             raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
@@ -341,6 +353,7 @@ class NetoptSource(Source):
             figures=figures,
             max_streams=opts.max_streams,
             meta_bytes=overhead_bytes,
+            files=len(manifest.files),
         )
         trace.mark("plan_made")
         level = opts.zstd_level

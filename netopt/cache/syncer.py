@@ -32,7 +32,7 @@ from netopt.dataplane.chunkio import ChunkSource
 from netopt.dataplane.sync import sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
 from netopt.errors import DatasetChangedError, StorageError
-from netopt.transfer.manifest import Manifest
+from netopt.transfer.manifest import STATE_DIR_NAME, Manifest
 from netopt.transfer.planner import TransferPlan
 
 if TYPE_CHECKING:
@@ -360,6 +360,11 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     source_options = req.source_options
     if source_options.state_dir is None:
         source_options = replace(source_options, state_dir=str(Path(req.cache_dir) / "sources"))
+    if source_options.file_cost_dir is None:
+        # On the destination's filesystem, in its state directory; a dry run writes nothing
+        # there, so it measures beside the cache.
+        where = Path(req.cache_dir) if req.dry_run else Path(req.dest) / STATE_DIR_NAME
+        source_options = replace(source_options, file_cost_dir=str(where))
     try:
         report = await _run_sync_restarting(req, source, source_options, on_progress, started_s)
     except Exception:

@@ -93,6 +93,7 @@ def plan_for(
     startup_s: float | None = None,
     figures: LinkFigures | None = None,
     meta_bytes: int = 0,
+    files: int = 0,
 ) -> TransferPlan:
     """Plan a fetch of ``info``'s dataset: the server compresses, this node decompresses.
 
@@ -102,7 +103,8 @@ def plan_for(
     figures it used and where each came from. The predicted time counts ``startup_s``
     of process start-up (default: the CLI start-up calibrated in ``client_cpu``; pass 0
     from a long-running process) and the round trips ``meta_bytes`` (the info and
-    manifest as they came over the wire) took.
+    manifest as they came over the wire) took, and ``files`` (the manifest's) at the
+    client's measured per-file cost (`CpuProfile.per_file_s`, none when not measured).
     """
     cc = info.congestion_control if info.congestion_control in ("bbr", "cubic", "reno") else "bbr"
     notes: tuple[str, ...] = ()
@@ -118,6 +120,8 @@ def plan_for(
         max_streams=max_streams,
         startup_s=client_cpu.startup_s if startup_s is None else startup_s,
         meta_bytes=meta_bytes,
+        files=files,
+        per_file_s=client_cpu.per_file_s or 0.0,
     )
     return replace(plan, reasons=(*notes, *plan.reasons))
 
@@ -185,7 +189,13 @@ async def sync_url(
                 rate_limit_bps=client.rate_limit_bps,
             )
         plan = plan_for(
-            info, link, cpu, startup_s=startup_s, figures=figures, meta_bytes=overhead_bytes
+            info,
+            link,
+            cpu,
+            startup_s=startup_s,
+            figures=figures,
+            meta_bytes=overhead_bytes,
+            files=len(manifest.files),
         )
         if on_plan is not None:
             on_plan(plan)

@@ -20,7 +20,16 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["TRACE_ENV", "add_seconds", "count", "enabled", "mark", "mark_last", "timed"]
+__all__ = [
+    "TRACE_ENV",
+    "add_seconds",
+    "count",
+    "enabled",
+    "mark",
+    "mark_last",
+    "paused",
+    "timed",
+]
 
 TRACE_ENV = "NETOPT_TRACE"
 
@@ -79,6 +88,18 @@ def _timed(name: str) -> Iterator[None]:
         yield
     finally:
         add_seconds(name, time.monotonic() - start_s)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Record nothing while the block runs, in the whole process: a calibration that runs
+    a sync of its own (`netopt.cache.filecost`) must not mark the real sync's first byte."""
+    global _PATH
+    path, _PATH = _PATH, None
+    try:
+        yield
+    finally:
+        _PATH = path
 
 
 def _dump() -> None:

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 CongestionControl = Literal["bbr", "cubic", "reno"]
-Bottleneck = Literal["link", "cpu", "disk"]
+Bottleneck = Literal["link", "cpu", "disk", "files"]
 
 MIN_USEFUL_RATIO = 1.05
 """Below this compression ratio the CPU spent is not worth the bytes saved."""
@@ -134,6 +134,9 @@ class CpuProfile:
     disk_bytes_per_s: float | None = None
     startup_s: float = 0.0
     """Seconds from launching the CLI to its first request (interpreter and imports)."""
+    per_file_s: float | None = None
+    """Seconds a sync spends per file beyond its bytes, on this node (measured by a real
+    sync of many small files, `netopt.cache.filecost`); None: not measured."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,8 @@ def plan_transfer(
     max_streams: int = 64,
     startup_s: float = 0.0,
     meta_bytes: int = 0,
+    files: int = 0,
+    per_file_s: float = 0.0,
 ) -> TransferPlan:
     """Plan moving ``size_bytes`` of data like ``sample_profile`` over ``link``.
 
@@ -306,10 +311,12 @@ def plan_transfer(
     bandwidth-delay product (256 KiB to 8 MiB). The predicted time adds
     ``startup_s`` (process start-up, s) and the setup round trips, and the round trips a
     fresh connection takes to carry ``meta_bytes`` (the info and manifest on the wire: a
-    tree's manifest is megabytes) in its slow start.
+    tree's manifest is megabytes) in its slow start. ``files`` of ``per_file_s`` each (the
+    work per file beyond its bytes, `CpuProfile.per_file_s`) bound the rate too: a tree of
+    small files is limited by them (bottleneck ``files``), whatever the link.
 
-    Raises PlanInputError (a ValueError too) for a negative size or start-up, or
-    ``max_streams`` < 1.
+    Raises PlanInputError (a ValueError too) for a negative size, start-up, file count or
+    per-file cost, or ``max_streams`` < 1.
     """
     if size_bytes < 0:
         raise PlanInputError(f"size_bytes must be >= 0, got {size_bytes}")
@@ -319,6 +326,10 @@ def plan_transfer(
         raise PlanInputError(f"max_streams must be >= 1, got {max_streams}")
     if meta_bytes < 0:
         raise PlanInputError(f"meta_bytes must be >= 0, got {meta_bytes}")
+    if files < 0 or per_file_s < 0:
+        raise PlanInputError(f"files and per_file_s must be >= 0, got {files}, {per_file_s}")
+    files_s = files * per_file_s
+    files_bps = max(size_bytes, 1) * 8 / files_s if files_s > 0 else math.inf
     reasons: list[str] = []
     flow_bps = per_flow_ceiling_bps(link)
     reasons.append(
@@ -355,12 +366,18 @@ def plan_transfer(
         if cand[0] > best[0] * (1.0 if cheaper else LEVEL_GAIN_MIN):
             best = cand
     rate_bps, level, ratio, streams, wire_bps, bottleneck = best
+    # The level is chosen on the bytes: files bound every level alike, and the bytes a
+    # level saves still spare the link.
+    if files_bps < rate_bps:
+        rate_bps, bottleneck = files_bps, "files"
     if level > 0:
         reasons.append(f"zstd level {level}: sampled ratio {ratio:.2f}")
     elif usable:
         reasons.append("compression off: no level beats sending raw bytes")
     reasons.append(f"{streams} streams of {chunk_bytes // 1024} KiB chunks")
     reasons.append(f"bottleneck {bottleneck}: {rate_bps / 1e6:.1f} Mbit/s logical")
+    if bottleneck == "files":
+        reasons.append(f"{files} files at {per_file_s * 1e6:.0f} us each: {files_s:.2f} s of work")
     setup_s = _setup_s(link, wire_bps, streams) + _meta_s(link, wire_bps, meta_bytes)
     predicted_s = startup_s + setup_s + (size_bytes * 8 / rate_bps if rate_bps > 0 else math.inf)
     reasons.append(f"fixed costs: start-up {startup_s:.2f} s, setup and ramp {setup_s:.2f} s")

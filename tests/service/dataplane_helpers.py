@@ -16,7 +16,7 @@ from netopt.transfer.planner import CpuProfile
 from netopt.webshell import ListenerLimits
 
 TOKEN = "test-token-0123456789abcdef"
-CPU = CpuProfile(2, {1: 300e6, 3: 150e6}, {1: 900e6, 3: 900e6})
+CPU = CpuProfile(2, {1: 300e6, 3: 150e6}, {1: 900e6, 3: 900e6}, per_file_s=0.0)
 FAST = SyncOptions(retry_window_s=0.3, max_attempts=4, backoff_initial_s=0.01, backoff_max_s=0.05)
 CHUNK_BYTES = 64 * 1024
 

@@ -157,3 +157,31 @@ def test_a_large_manifest_adds_its_slow_start_round_trips_to_the_setup() -> None
     assert big.predicted_time_s - base.predicted_time_s == pytest.approx(big.setup_s - base.setup_s)
     with pytest.raises(PlanInputError, match="meta_bytes"):
         plan_transfer(1, profile, LINK_BBR, CPU, meta_bytes=-1)
+
+
+def test_many_small_files_are_bound_by_their_per_file_cost() -> None:
+    # The lab's extreme: 100,000 files of ~2.5 KB (256 MB) at 266 us a file, the figure
+    # `netopt.cache.filecost` measured there: 26.6 s of work where the bytes need ~9 s.
+    ratios = SampleProfile({1: 3.0, 3: 3.2})
+    bytes_only = plan_transfer(256 * 10**6, ratios, LINK_BBR, CPU)
+    tree = plan_transfer(256 * 10**6, ratios, LINK_BBR, CPU, files=100_000, per_file_s=266e-6)
+    assert bytes_only.bottleneck != "files"
+    assert tree.bottleneck == "files"
+    assert tree.logical_rate_bps == pytest.approx(256e6 * 8 / 26.6, rel=0.01)
+    work_s = tree.predicted_time_s - tree.startup_s - tree.setup_s
+    assert work_s == pytest.approx(26.6, rel=0.01)
+    assert tree.predicted_time_s > 2 * bytes_only.predicted_time_s
+    # The level is chosen on the bytes: the files bind every level alike.
+    assert tree.zstd_level == bytes_only.zstd_level
+    assert any("100000 files at 266 us each" in r for r in tree.reasons)
+
+
+def test_a_few_files_or_an_unknown_cost_leave_the_plan_to_the_bytes() -> None:
+    ratios = SampleProfile({1: 3.0, 3: 3.2})
+    base = plan_transfer(10**9, ratios, LINK_BBR, CPU)
+    assert plan_transfer(10**9, ratios, LINK_BBR, CPU, files=10, per_file_s=266e-6) == base
+    assert plan_transfer(10**9, ratios, LINK_BBR, CPU, files=100_000) == base
+    with pytest.raises(PlanInputError):
+        plan_transfer(10**9, ratios, LINK_BBR, CPU, files=-1)
+    with pytest.raises(PlanInputError):
+        plan_transfer(10**9, ratios, LINK_BBR, CPU, files=5, per_file_s=-1e-6)

@@ -1,0 +1,192 @@
+"""What a sync costs per file on this node, beyond its bytes, measured by a real sync.
+
+A tree of many small files is held back by the work done for each file, not by its
+bytes: on the lab's 80 Mbit/s link a 100,000-file tree of 1-4 KB files moved 35 MB of
+wire in 23-25 s where the bytes alone needed 4, and a plan that counted only bytes
+predicted 64% too short. That work (the server reading and framing each file, the
+client verifying, storing and writing it, then the rename) is this node's CPU and
+filesystem, so it is measured on the filesystem the sync writes to, once per
+filesystem, and kept beside the codec speeds (`file_cost_cache_path`, keyed by the
+filesystem's device number). A sync measures it only when its manifest lists at least
+`MEASURE_FROM_FILES` files (`per_file_cost_s`): below that the per-file work is a
+fraction of a second, less than measuring it.
+
+`measure_per_file_s` serves two directories with the real server on 127.0.0.1 (a
+random token), `FILES` files of `FILE_BYTES` and one file of the same total size, syncs
+each with the real engine (`netopt.cache.syncer.run_sync`, through a fresh cache) into a
+fresh directory, and returns (many - one) / (`FILES` - 1), the smaller of `RUNS`
+differences. The server runs in the same process, on the same event loop, as the
+sync: the figure is the work of both ends on one core, as on a lab node or a node
+syncing from a peer on the same host; with the server on another machine its share of
+the work runs beside the client's and the figure errs long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from netopt.cache.sources import SourceOptions
+from netopt.cache.syncer import SyncRequest, run_sync
+from netopt.chunking import DEFAULT_AVG_CHUNK_BYTES
+from netopt.dataplane import trace
+from netopt.dataplane.httpsource import ClientOptions
+from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
+from netopt.errors import StorageError
+from netopt.fsutil import atomic_write_bytes
+from netopt.transfer.planner import CpuProfile
+from netopt.transfer.profile import default_codec_cache_path
+
+__all__ = [
+    "FILES",
+    "FILE_BYTES",
+    "MEASURE_FROM_FILES",
+    "RUNS",
+    "file_cost_cache_path",
+    "measure_per_file_s",
+    "per_file_cost_s",
+]
+
+MEASURE_FROM_FILES = 1000
+"""A sync of fewer files does not measure the per-file cost (nor plans with one)."""
+
+FILES = 1000
+"""Files in the measured tree: enough that their cost stands well above a sync's own
+(its connections, its manifest), a fraction of a second here."""
+FILE_BYTES = 2048
+"""Each file's size: the lab's 100,000-file tree is 1-4 KB files."""
+RUNS = 2
+_PROFILE = CpuProfile(os.cpu_count() or 1, {}, {}, per_file_s=0.0)
+"""What the measuring syncs plan with: no codec speeds (they send raw bytes) and a
+per-file cost said known, so measuring calibrates nothing and never recurses."""
+
+
+def _write_tree(root: Path) -> None:
+    many, one = root / "many", root / "one"
+    for sub in range(FILES // 100):
+        (many / f"d{sub:02d}").mkdir(parents=True)
+    parts: list[bytes] = []
+    for i in range(FILES):
+        data = os.urandom(FILE_BYTES // 2).hex().encode()  # unique: no chunk shared
+        (many / f"d{i // 100:02d}" / f"f{i:04d}.txt").write_bytes(data)
+        parts.append(data)
+    one.mkdir()
+    (one / "all.txt").write_bytes(b"".join(parts))
+
+
+async def _timed_sync(root: Path, work: Path, tag: str) -> float:
+    token = secrets.token_hex(16)
+    dataset = load_dataset(root, "calibration", DEFAULT_AVG_CHUNK_BYTES)
+    settings = ServeSettings(token=token, worker_threads=2)
+    app = create_app(settings, {"calibration": dataset}, _PROFILE)
+    runner, port = await start_server(app, "127.0.0.1", 0)
+    try:
+        request = SyncRequest(
+            f"netopt://127.0.0.1:{port}/calibration",
+            str(work / f"dest-{tag}"),
+            str(work / f"cache-{tag}"),
+            source_options=SourceOptions(
+                client=ClientOptions(token=token), client_cpu=_PROFILE, zstd_level=0
+            ),
+        )
+        start_s = time.perf_counter()
+        await run_sync(request)
+        return time.perf_counter() - start_s
+    finally:
+        await runner.cleanup()
+
+
+async def _measure(work: Path, runs: int) -> float:
+    _write_tree(work)
+    best_s = float("inf")
+    for run in range(max(1, runs)):
+        many_s = await _timed_sync(work / "many", work, f"many{run}")
+        one_s = await _timed_sync(work / "one", work, f"one{run}")
+        best_s = min(best_s, (many_s - one_s) / (FILES - 1))
+    return max(0.0, best_s)
+
+
+def measure_per_file_s(where: str | os.PathLike[str], runs: int = RUNS) -> float | None:
+    """Seconds a sync spends per file beyond the file's bytes (see the module), measured
+    in a temporary directory made under ``where`` (created if missing), removed after;
+    None when it cannot be measured. Runs its own event loop: call it from a thread,
+    never from a running loop."""
+    base = Path(where)
+    made = not base.exists()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="filecost-", dir=base))
+    except OSError:
+        return None
+    try:
+        with trace.paused():
+            return asyncio.run(_measure(work, runs))
+    except Exception:  # a calibration never fails a sync: None says unknown
+        return None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):
+                base.rmdir()  # the directory made for it, if nothing else came into it
+
+
+def file_cost_cache_path() -> Path:
+    """``filecost.json`` beside the codec cache (`default_codec_cache_path`)."""
+    return default_codec_cache_path().with_name("filecost.json")
+
+
+def _device(path: Path) -> str | None:
+    """The device number of the filesystem ``path`` is on (its nearest existing ancestor)."""
+    for candidate in (path, *path.parents):
+        try:
+            return str(os.stat(candidate).st_dev)
+        except OSError:
+            continue
+    return None
+
+
+def _cached(cache: Path) -> dict[str, float]:
+    try:
+        raw = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in raw.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1
+    }
+
+
+def per_file_cost_s(
+    where: str | os.PathLike[str], files: int, cache: Path | None = None
+) -> float | None:
+    """The per-file cost on ``where``'s filesystem for a sync of ``files`` files: None
+    below `MEASURE_FROM_FILES`; else from ``cache`` (default `file_cost_cache_path`), or
+    measured under ``where`` now (~2-3 s, once per filesystem) and kept there. None when
+    it cannot be measured (the plan then counts bytes only). Blocking."""
+    if files < MEASURE_FROM_FILES:
+        return None
+    cache = cache if cache is not None else file_cost_cache_path()
+    device = _device(Path(where))
+    known = _cached(cache)
+    if device is not None and device in known:
+        return known[device]
+    seconds = measure_per_file_s(where)
+    if seconds is None or device is None:
+        return seconds
+    known[device] = seconds
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache, json.dumps(known, indent=2).encode())
+    except (OSError, StorageError):
+        pass  # measured again next time
+    return seconds

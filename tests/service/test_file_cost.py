@@ -1,0 +1,90 @@
+"""The per-file cost a many-file sync plans with: measured by real syncs on a real
+filesystem, kept per filesystem, and planned with by a real sync of a tree."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from netopt.cache import filecost
+from netopt.cache.sources import SourceOptions
+from netopt.cache.syncer import SyncRequest, run_sync
+from netopt.dataplane.httpsource import ClientOptions
+from netopt.transfer.manifest import STATE_DIR_NAME
+from tests.service.dataplane_helpers import CPU, TOKEN, start
+
+
+def test_measured_on_the_filesystem_then_read_from_its_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "filecost.json"
+    where = tmp_path / "dest" / STATE_DIR_NAME
+    seconds = filecost.per_file_cost_s(where, filecost.MEASURE_FROM_FILES, cache)
+    assert seconds is not None
+    # Above what a file's system calls alone take, far below a millisecond on any disk
+    # that a sync of 1,000 files should not take a second over.
+    assert 5e-6 < seconds < 5e-3
+    assert not where.exists()  # the directory it made for measuring is gone
+    kept = json.loads(cache.read_text())
+    assert kept == {str(os.stat(tmp_path).st_dev): seconds}
+    # Known now: read back, not measured again (a figure no measurement gives).
+    cache.write_text(json.dumps({str(os.stat(tmp_path).st_dev): 0.5}))
+    assert filecost.per_file_cost_s(where, 5000, cache) == 0.5
+
+
+def test_a_few_files_measure_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> float:
+        raise AssertionError("measured for a small sync")
+
+    monkeypatch.setattr(filecost, "measure_per_file_s", refuse)
+    cache = tmp_path / "filecost.json"
+    assert filecost.per_file_cost_s(tmp_path, filecost.MEASURE_FROM_FILES - 1, cache) is None
+    assert not cache.exists()
+
+
+def test_a_bad_cache_is_ignored_and_an_unusable_place_measures_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "filecost.json"
+    dev = str(os.stat(tmp_path).st_dev)
+    for bad in ("[1, 2]", "{not json", json.dumps({dev: "fast"}), json.dumps({dev: 7.0})):
+        cache.write_text(bad)
+        assert filecost._cached(cache) == {}
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert filecost.measure_per_file_s(blocker / "under") is None
+
+
+async def test_a_tree_sync_plans_with_the_measured_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NETOPT_CODEC_CACHE", str(tmp_path / "codec.json"))
+    src = tmp_path / "src"
+    for i in range(filecost.MEASURE_FROM_FILES):
+        path = src / f"d{i % 7}" / f"f{i:05d}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"row %d\n" % i * (1 + i % 40))
+    runner, port, _, _ = await start(src)
+    try:
+        request = SyncRequest(
+            f"netopt://127.0.0.1:{port}/ds",
+            str(tmp_path / "dest"),
+            str(tmp_path / "cache"),
+            source_options=SourceOptions(
+                client=ClientOptions(token=TOKEN), client_cpu=replace(CPU, per_file_s=None)
+            ),
+        )
+        report = await run_sync(request)
+    finally:
+        await runner.cleanup()
+    kept = json.loads((tmp_path / "filecost.json").read_text())
+    assert list(kept) == [str(os.stat(tmp_path).st_dev)]
+    plan = report.transfer_plan
+    assert plan is not None
+    assert plan.bottleneck == "files"  # on loopback the files, not the bytes, bind
+    work_s = plan.predicted_time_s - plan.startup_s - plan.setup_s
+    assert work_s == pytest.approx(filecost.MEASURE_FROM_FILES * next(iter(kept.values())))
+    for i in (0, 999):
+        rel = f"d{i % 7}/f{i:05d}.txt"
+        assert (tmp_path / "dest" / rel).read_bytes() == (src / rel).read_bytes()
+    assert not (tmp_path / "dest" / STATE_DIR_NAME).exists()
