@@ -11,14 +11,13 @@ filesystem's device number). A sync measures it only when its manifest lists at 
 `MEASURE_FROM_FILES` files (`per_file_cost_s`): below that the per-file work is a
 fraction of a second, less than measuring it.
 
-`measure_per_file_s` serves two directories with the real server on 127.0.0.1 (a
-random token), `FILES` files of `FILE_BYTES` and one file of the same total size, syncs
-each with the real engine (`netopt.cache.syncer.run_sync`, through a fresh cache) into a
-fresh directory, and returns (many - one) / (`FILES` - 1), the smaller of `RUNS`
-differences. The server runs in the same process, on the same event loop, as the
-sync: the figure is the work of both ends on one core, as on a lab node or a node
-syncing from a peer on the same host; with the server on another machine its share of
-the work runs beside the client's and the figure errs long.
+`measure_per_file_s` serves two directories with the real server (``netopt serve``, its
+own process, on 127.0.0.1 with a random token), `FILES` files of `FILE_BYTES` and one
+file of the same total size, syncs each with the real engine
+(`netopt.cache.syncer.run_sync`, through a fresh cache) into a fresh directory, and
+returns (many - one) / (`FILES` - 1), the smaller of `RUNS` differences. The server
+runs on this node, beside the sync, as on a lab node; with the server on another
+machine the figure is about the same where the client's work per file is the larger.
 """
 
 from __future__ import annotations
@@ -27,18 +26,18 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
-from netopt.chunking import DEFAULT_AVG_CHUNK_BYTES
 from netopt.dataplane import trace
 from netopt.dataplane.httpsource import ClientOptions
-from netopt.dataplane.server import ServeSettings, create_app, load_dataset, start_server
 from netopt.errors import StorageError
 from netopt.fsutil import atomic_write_bytes
 from netopt.transfer.planner import CpuProfile
@@ -63,6 +62,8 @@ FILES = 1000
 FILE_BYTES = 2048
 """Each file's size: the lab's 100,000-file tree is 1-4 KB files."""
 RUNS = 2
+SERVE_START_S = 60.0
+"""How long the measuring server may take to start (a fresh interpreter, 1,000 files)."""
 _PROFILE = CpuProfile(os.cpu_count() or 1, {}, {}, per_file_s=0.0)
 """What the measuring syncs plan with: no codec speeds (they send raw bytes) and a
 per-file cost said known, so measuring calibrates nothing and never recurses."""
@@ -81,36 +82,80 @@ def _write_tree(root: Path) -> None:
     (one / "all.txt").write_bytes(b"".join(parts))
 
 
-async def _timed_sync(root: Path, work: Path, tag: str) -> float:
-    token = secrets.token_hex(16)
-    dataset = load_dataset(root, "calibration", DEFAULT_AVG_CHUNK_BYTES)
-    settings = ServeSettings(token=token, worker_threads=2)
-    app = create_app(settings, {"calibration": dataset}, _PROFILE)
-    runner, port = await start_server(app, "127.0.0.1", 0)
+async def _serve(root: Path, token_file: Path) -> tuple[asyncio.subprocess.Process, int]:
+    """``netopt serve ROOT`` as its own process on a free loopback port (token from
+    ``token_file``): the process and its port."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "netopt", "serve", str(root), "--name", "calibration",
+        "--bind", "127.0.0.1:0", "--token-file", str(token_file),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        request = SyncRequest(
-            f"netopt://127.0.0.1:{port}/calibration",
-            str(work / f"dest-{tag}"),
-            str(work / f"cache-{tag}"),
-            source_options=SourceOptions(
-                client=ClientOptions(token=token), client_cpu=_PROFILE, zstd_level=0
-            ),
-        )
-        start_s = time.perf_counter()
-        await run_sync(request)
-        return time.perf_counter() - start_s
-    finally:
-        await runner.cleanup()
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), SERVE_START_S)
+        found = re.search(rb"netopt://127\.0\.0\.1:(\d+)/calibration", line)
+        if found is None:
+            raise RuntimeError(f"netopt serve said {line[:200]!r}")
+        return proc, int(found.group(1))
+    except BaseException:
+        await _stop(proc)
+        raise
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10.0)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def _timed_sync(port: int, token: str, dest: Path, cache: Path) -> float:
+    request = SyncRequest(
+        f"netopt://127.0.0.1:{port}/calibration",
+        str(dest),
+        str(cache),
+        source_options=SourceOptions(
+            client=ClientOptions(token=token), client_cpu=_PROFILE, zstd_level=0
+        ),
+    )
+    start_s = time.perf_counter()
+    await run_sync(request)
+    return time.perf_counter() - start_s
 
 
 async def _measure(work: Path, runs: int) -> float:
     _write_tree(work)
-    best_s = float("inf")
-    for run in range(max(1, runs)):
-        many_s = await _timed_sync(work / "many", work, f"many{run}")
-        one_s = await _timed_sync(work / "one", work, f"one{run}")
-        best_s = min(best_s, (many_s - one_s) / (FILES - 1))
-    return max(0.0, best_s)
+    token = secrets.token_hex(16)
+    token_file = work / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    servers = await asyncio.gather(
+        _serve(work / "many", token_file), _serve(work / "one", token_file),
+        return_exceptions=True,
+    )  # fmt: skip
+    try:
+        for server in servers:
+            if isinstance(server, BaseException):
+                raise server
+        (_, many_port), (_, one_port) = servers  # type: ignore[misc]
+        best_s = float("inf")
+        for run in range(max(1, runs)):
+            many_s = await _timed_sync(
+                many_port, token, work / f"dest-many{run}", work / f"cache-many{run}"
+            )
+            one_s = await _timed_sync(
+                one_port, token, work / f"dest-one{run}", work / f"cache-one{run}"
+            )
+            best_s = min(best_s, (many_s - one_s) / (FILES - 1))
+        return max(0.0, best_s)
+    finally:
+        for server in servers:
+            if not isinstance(server, BaseException):
+                await _stop(server[0])
 
 
 def measure_per_file_s(where: str | os.PathLike[str], runs: int = RUNS) -> float | None:

@@ -495,6 +495,43 @@ class Placement:
     umask: int | None
 
 
+_Dir = tuple[str, bool, Placement]
+"""A destination directory: its resolved path, whether this sync created it (then it
+holds nothing yet), and its `Placement`."""
+
+
+def _directory(dest_real: Path, rel_dir: str, known: dict[str, _Dir], umask: int | None) -> _Dir:
+    """``rel_dir`` under ``dest_real``, created if missing, and every directory above it,
+    each noted in ``known``. One created in a directory this sync created needs neither a
+    resolve nor a stat: nothing in it can be a symlink, and it is on its parent's
+    filesystem (a tree of packages has thousands of directories: ~0.2 s of its start)."""
+    chain: list[str] = []
+    above = rel_dir
+    while above and above not in known:
+        chain.append(above)
+        above = above.rpartition("/")[0]
+    if above not in known:  # the destination itself
+        real, fresh = _safe_parent(dest_real, "")
+        known[""] = (str(real), fresh, Placement(_dev_of(real), umask))
+    parent = known[above]
+    for rel in reversed(chain):
+        made: _Dir | None = None
+        if parent[1]:
+            path = os.path.join(parent[0], rel.rpartition("/")[2])
+            try:
+                os.mkdir(path)
+                made = (path, True, parent[2])
+            except FileExistsError:
+                pass  # came meanwhile: checked as any existing directory is
+            except OSError as exc:
+                raise StorageError(f"cannot create {path}: {exc}") from exc
+        if made is None:
+            real, fresh = _safe_parent(dest_real, rel)
+            made = (str(real), fresh, Placement(_dev_of(real), umask))
+        known[rel] = parent = made
+    return parent
+
+
 def scan_destination(
     dest: Path, manifest: Manifest
 ) -> tuple[Path, list[tuple[FileEntry, str, Placement]], int]:
@@ -516,13 +553,12 @@ def scan_destination(
     # few); the files of a directory created just now need no stat: none of them is
     # there yet. A file's filesystem is its directory's: the flusher syncs it through
     # that directory.
-    parents: dict[str, tuple[str, bool, Placement]] = {}
+    parents: dict[str, _Dir] = {}
     for entry in manifest.files:
         rel_dir, _, name = entry.path.rpartition("/")
         parent = parents.get(rel_dir)
         if parent is None:
-            real, fresh = _safe_parent(dest_real, rel_dir)
-            parent = parents[rel_dir] = (str(real), fresh, Placement(_dev_of(real), umask))
+            parent = _directory(dest_real, rel_dir, parents, umask)
         target = os.path.join(parent[0], name)
         if not parent[1] and _up_to_date(target, entry):
             skipped += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -159,3 +160,40 @@ async def test_token_bucket_waits_for_tokens() -> None:
     now[0] = 0.05
     await bucket.take(10)  # 50 bytes refilled
     assert bucket._tokens == pytest.approx(40.0)
+
+
+def test_destination_directories_fresh_and_existing(tmp_path: Path) -> None:
+    # Fresh directories under fresh ones are made without a resolve; existing ones are
+    # resolved, so a symlink deep inside an existing tree is still refused, and a path
+    # deeper than the interpreter recurses (1,500 levels) is walked without recursion.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    (dest / "old" / "deeper").mkdir(parents=True)
+    (dest / "old" / "deeper" / "link").symlink_to(outside, target_is_directory=True)
+    deep = "/".join(["d"] * 1500)
+    manifest, _ = _dataset({f"new/a/b/{i}.txt": b"%d" % i for i in range(3)} | {
+        "old/deeper/new/c.txt": b"c", f"{deep}/e.txt": b"e", "top.txt": b"t",
+    })  # fmt: skip
+    try:
+        _check_fresh_and_existing(dest, outside, manifest)
+    finally:  # bottom-up: shutil.rmtree (pytest's clean-up) recurses once per level
+        for depth in range(1500, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(dest / "/".join(["d"] * depth))
+
+
+def _check_fresh_and_existing(dest: Path, outside: Path, manifest: Manifest) -> None:
+    from netopt.dataplane.assemble import scan_destination
+
+    dest_real, pending, skipped = scan_destination(dest, manifest)
+    assert skipped == 0
+    targets = {entry.path: target for entry, target, _ in pending}
+    for rel, target in targets.items():
+        assert target == os.path.join(dest_real, rel)
+        assert Path(target).parent.is_dir()
+    assert {placement.dev for _, _, placement in pending} == {os.stat(dest).st_dev}
+    hostile, _ = _dataset({"old/deeper/link/x.txt": b"x"})
+    with pytest.raises(PathTraversalError, match="symlink"):
+        scan_destination(dest, hostile)
+    assert not any(outside.iterdir())
