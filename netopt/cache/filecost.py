@@ -15,7 +15,8 @@ fraction of a second, less than measuring it.
 own process, on 127.0.0.1 with a random token), `FILES` files of `FILE_BYTES` and one
 file of the same total size, syncs each with the real engine
 (`netopt.cache.syncer.run_sync`, through a fresh cache) into a fresh directory, and
-returns (many - one) / (`FILES` - 1), the smaller of `RUNS` differences. The server
+returns (many - one) / (`FILES` - 1), the smaller of `RUNS` differences; under TLS,
+over TLS. The server
 runs on this node, beside the sync, as on a lab node; with the server on another
 machine the figure is about the same where the client's work per file is the larger.
 """
@@ -40,6 +41,8 @@ from netopt.dataplane import trace
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import StorageError
 from netopt.fsutil import atomic_write_bytes
+from netopt.tlsca import ServerFiles, issue_server_files
+from netopt.tlsconf import ClientTls, current_client_tls, use_client_tls
 from netopt.transfer.planner import CpuProfile
 from netopt.transfer.profile import default_codec_cache_path
 
@@ -82,14 +85,24 @@ def _write_tree(root: Path) -> None:
     (one / "all.txt").write_bytes(b"".join(parts))
 
 
-async def _serve(root: Path, token_file: Path) -> tuple[asyncio.subprocess.Process, int]:
+_SERVER_ENV_DROPPED = ("NETOPT_TOKEN", "NETOPT_TRACE", "NETOPT_TLS_CERT", "NETOPT_TLS_KEY",
+                       "NETOPT_TLS_CA")  # fmt: skip
+"""What the measuring server must not take from this process's environment: it is given
+its own token and TLS, and must not write this sync's trace."""
+
+
+async def _serve(
+    root: Path, token_file: Path, tls: ServerFiles | None
+) -> tuple[asyncio.subprocess.Process, int]:
     """``netopt serve ROOT`` as its own process on a free loopback port (token from
-    ``token_file``): the process and its port."""
+    ``token_file``; TLS with ``tls``): the process and its port."""
+    env = {k: v for k, v in os.environ.items() if k not in _SERVER_ENV_DROPPED}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "netopt", "serve", str(root), "--name", "calibration",
         "--bind", "127.0.0.1:0", "--token-file", str(token_file),
+        *(tls.server_args() if tls is not None else []),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL, env=env,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -133,8 +146,16 @@ async def _measure(work: Path, runs: int) -> float:
     token_file = work / "token"
     token_file.write_text(token)
     token_file.chmod(0o600)
+    # As secure as the sync it calibrates: under TLS (a cluster CA set) it measures TLS
+    # too, with a throwaway CA for 127.0.0.1, set for this calibration's context only.
+    tls = None
+    if current_client_tls().enabled:
+        tls = issue_server_files(work / "tls", "calibration", ips=["127.0.0.1"])
+        use_client_tls(ClientTls(ca_file=str(tls.ca_cert), where="the per-file calibration"))
+    else:
+        use_client_tls(ClientTls())
     servers = await asyncio.gather(
-        _serve(work / "many", token_file), _serve(work / "one", token_file),
+        _serve(work / "many", token_file, tls), _serve(work / "one", token_file, tls),
         return_exceptions=True,
     )  # fmt: skip
     try:

@@ -3,6 +3,7 @@ filesystem, kept per filesystem, and planned with by a real sync of a tree."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 from dataclasses import replace
@@ -88,3 +89,24 @@ async def test_a_tree_sync_plans_with_the_measured_cost(
         rel = f"d{i % 7}/f{i:05d}.txt"
         assert (tmp_path / "dest" / rel).read_bytes() == (src / rel).read_bytes()
     assert not (tmp_path / "dest" / STATE_DIR_NAME).exists()
+
+
+def test_under_tls_it_measures_over_tls_and_leaves_the_callers_tls(tmp_path: Path) -> None:
+    # A sync with a cluster CA set speaks TLS on netopt://: the calibration serves with a
+    # throwaway CA of its own (the caller's CA signed nothing for 127.0.0.1) and sets it for
+    # its own context only.
+    from netopt.tlsca import issue_server_files
+    from netopt.tlsconf import ClientTls, current_client_tls, use_client_tls
+
+    users = issue_server_files(tmp_path / "users-tls", "node-1", ips=["198.18.0.1"])
+    mine = ClientTls(ca_file=str(users.ca_cert))
+    context = contextvars.copy_context()
+
+    def calibrate() -> tuple[float | None, ClientTls]:
+        use_client_tls(mine)
+        return filecost.measure_per_file_s(tmp_path / "m"), current_client_tls()
+
+    seconds, after = context.run(calibrate)
+    assert seconds is not None
+    assert 5e-6 < seconds < 5e-3
+    assert after == mine
