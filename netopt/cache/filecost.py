@@ -91,6 +91,17 @@ _SERVER_ENV_DROPPED = ("NETOPT_TOKEN", "NETOPT_TRACE", "NETOPT_TLS_CERT", "NETOP
 its own token and TLS, and must not write this sync's trace."""
 
 
+_DIES_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)  # the sync died before the line above
+os.execv(sys.executable, [sys.executable, "-m", "netopt", *sys.argv[2:]])
+"""
+"""``netopt ARGS`` that gets SIGTERM when the thread that started it ends: a sync killed
+while it measures (kill -9) leaves no server behind. The signal outlives the exec."""
+
+
 async def _serve(
     root: Path, token_file: Path, tls: ServerFiles | None
 ) -> tuple[asyncio.subprocess.Process, int]:
@@ -98,7 +109,8 @@ async def _serve(
     ``token_file``; TLS with ``tls``): the process and its port."""
     env = {k: v for k, v in os.environ.items() if k not in _SERVER_ENV_DROPPED}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "netopt", "serve", str(root), "--name", "calibration",
+        sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()),
+        "serve", str(root), "--name", "calibration",
         "--bind", "127.0.0.1:0", "--token-file", str(token_file),
         *(tls.server_args() if tls is not None else []),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,

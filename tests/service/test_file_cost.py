@@ -6,6 +6,10 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,3 +114,54 @@ def test_under_tls_it_measures_over_tls_and_leaves_the_callers_tls(tmp_path: Pat
     assert seconds is not None
     assert 5e-6 < seconds < 5e-3
     assert after == mine
+
+
+_STARTS_A_SERVER = """
+import asyncio, sys, time
+from pathlib import Path
+from netopt.cache import filecost
+
+root, token = Path(sys.argv[1]), Path(sys.argv[2])
+proc, port = asyncio.run(filecost._serve(root, token, None))
+print(proc.pid, port, flush=True)
+time.sleep(60)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_killed_sync_leaves_no_measuring_server(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "a.txt").write_text("a")
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    token.chmod(0o600)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    sync = subprocess.Popen(
+        [sys.executable, "-c", _STARTS_A_SERVER, str(tmp_path / "root"), str(token)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    server_pid = 0
+    try:
+        assert sync.stdout is not None
+        server_pid = int(sync.stdout.readline().split()[0])
+        assert not _gone(server_pid)  # the measuring server is up
+        sync.kill()  # as kill -9 of a sync in the middle of measuring
+        sync.wait()
+        deadline = time.monotonic() + 15
+        while not _gone(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(server_pid), "the measuring server outlived the sync"
+    finally:
+        sync.kill()
+        sync.wait()
+        if sync.stdout is not None:
+            sync.stdout.close()
+        if server_pid and not _gone(server_pid):
+            os.kill(server_pid, signal.SIGKILL)  # the failure's orphan, not left running
