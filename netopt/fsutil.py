@@ -27,6 +27,7 @@ __all__ = [
     "fsync_dir",
     "fsync_dirs",
     "in_threads",
+    "nearest_existing",
     "process_umask",
     "syncfs",
 ]
@@ -137,3 +138,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         if tmp_name is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` if it exists, else its nearest existing ancestor (what a path not made yet
+    will be on: its disk's free space, its filesystem)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path

@@ -41,7 +41,7 @@ from netopt.cache.syncer import SyncRequest, run_sync
 from netopt.dataplane import trace
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import StorageError
-from netopt.fsutil import atomic_write_bytes
+from netopt.fsutil import atomic_write_bytes, nearest_existing
 from netopt.tlsca import ServerFiles, issue_server_files
 from netopt.tlsconf import ClientTls, current_client_tls, use_client_tls
 from netopt.transfer.planner import CpuProfile
@@ -225,13 +225,11 @@ def file_cost_cache_path() -> Path:
 
 
 def _device(path: Path) -> str | None:
-    """The device number of the filesystem ``path`` is on (its nearest existing ancestor)."""
-    for candidate in (path, *path.parents):
-        try:
-            return str(os.stat(candidate).st_dev)
-        except OSError:
-            continue
-    return None
+    """The device number of the filesystem ``path`` is (or will be) on."""
+    try:
+        return str(os.stat(nearest_existing(path)).st_dev)
+    except OSError:
+        return None
 
 
 def _cached(cache: Path) -> dict[str, float]:

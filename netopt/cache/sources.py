@@ -326,6 +326,9 @@ class NetoptSource(Source):
         finally:
             if lookup is not None:
                 lookup.cancel()
+        if info.manifest_id != manifest.manifest_id:
+            # The two were answered by different versions: the files changed in between.
+            raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
         if cpu.per_file_s is None and opts.file_cost_dir is not None:
             from netopt.cache.filecost import per_file_cost_s  # it syncs: syncer imports us
 
@@ -335,9 +338,6 @@ class NetoptSource(Source):
             if per_file_s is not None:
                 cpu = replace(cpu, per_file_s=per_file_s)
                 trace.mark("file_cost")
-        if info.manifest_id != manifest.manifest_id:
-            # The two were answered by different versions: the files changed in between.
-            raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
         figures = link_figures_for(
             info,
             rate_bps=opts.link_rate_bps,

@@ -32,6 +32,7 @@ from netopt.dataplane.chunkio import ChunkSource
 from netopt.dataplane.sync import sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
 from netopt.errors import DatasetChangedError, StorageError
+from netopt.fsutil import nearest_existing
 from netopt.transfer.manifest import STATE_DIR_NAME, Manifest
 from netopt.transfer.planner import TransferPlan
 
@@ -130,19 +131,13 @@ def plan_sync(
     )
 
 
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def check_space(cache_dir: Path, dest: Path, plan: SyncPlan) -> None:
     """StorageError when the disks cannot hold the chunks to fetch and the files to write.
 
     Checked before any chunk moves, so a sync that cannot fit fails at once with
     the figures; a disk that fills up during the sync still fails cleanly in put.
     """
-    dest_at = _existing(dest.resolve())
+    dest_at = nearest_existing(dest.resolve())
     cache_st, dest_st = os.statvfs(cache_dir), os.statvfs(dest_at)
     need = {cache_dir: plan.bytes_to_fetch}
     if os.stat(cache_dir).st_dev == os.stat(dest_at).st_dev:

@@ -79,16 +79,17 @@ def served_options(token: str, cpu: object) -> SourceOptions:
     return SourceOptions(client=ClientOptions(token=token), client_cpu=cpu)  # type: ignore[arg-type]
 
 
-async def sync_served_tree(src: Path, dest: Path, cache: Path) -> SyncReport:
-    """``src`` served by a real netopt server on localhost (token, test CPU profile),
-    synced into ``dest`` through ``cache``; the server stopped after."""
+async def sync_served_tree(src: Path, dest: Path, cache: Path, cpu: object = None) -> SyncReport:
+    """``src`` served by a real netopt server on localhost (token), synced into ``dest``
+    through ``cache`` with ``cpu`` (default: the test CPU profile); the server stopped
+    after."""
     from tests.service.dataplane_helpers import CPU, TOKEN, start
 
     runner, port, _, _ = await start(src)
     try:
         req = SyncRequest(
             f"netopt://127.0.0.1:{port}/ds", str(dest), str(cache),
-            source_options=served_options(TOKEN, CPU),
+            source_options=served_options(TOKEN, CPU if cpu is None else cpu),
         )  # fmt: skip
         return await run_sync(req)
     finally:

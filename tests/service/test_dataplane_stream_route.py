@@ -108,3 +108,40 @@ async def test_sync_falls_back_to_batches_without_the_stream_route(tmp_path: Pat
         assert sum(stats.chunk_requests.values()) == len(manifest.unique_chunks())
     finally:
         await runner.cleanup()
+
+
+async def test_a_read_cut_for_a_copy_that_arrived_elsewhere_leaves_the_source_usable(
+    tmp_path: Path,
+) -> None:
+    # The tail's cut (`streamwork._unless_arrived_elsewhere`) on a real stream: the other
+    # copy "arrives" while this stream's frame is awaited; the read is cancelled, the
+    # stream dropped, and the same source then serves the chunk whole on a fresh stream.
+    import asyncio
+    from types import SimpleNamespace
+
+    from netopt.dataplane.streamwork import _unless_arrived_elsewhere
+
+    make_dataset(tmp_path / "src")
+    runner, port, _, manifest = await _serve(tmp_path / "src")
+    lengths = manifest.unique_chunks()
+    cid = max(lengths, key=lengths.__getitem__)
+    arrived = asyncio.Event()
+    run = SimpleNamespace(stolen={cid: arrived}, lengths=lengths)
+    try:
+        url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
+        async with HttpChunkSource(url, CLIENT, zstd_level=3) as source:
+            stream = source.open_stream()
+            stream.ask(cid)
+            asyncio.get_running_loop().call_soon(arrived.set)
+            got = await _unless_arrived_elsewhere(run, stream, cid)  # type: ignore[arg-type]
+            assert got is None
+            await stream.aclose(complete=False)
+            again = source.open_stream()
+            again.ask(cid)
+            raw = await again.next(cid, lengths[cid])
+            await again.aclose()
+            assert len(decode_chunk(raw, cid, lengths[cid])) == lengths[cid]
+            # Set before the read begins: no read at all.
+            assert await _unless_arrived_elsewhere(run, source.open_stream(), cid) is None  # type: ignore[arg-type]
+    finally:
+        await runner.cleanup()

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from netopt.cache import filecost
-from netopt.cache.sources import SourceOptions
-from netopt.cache.syncer import SyncRequest, run_sync
-from netopt.dataplane.httpsource import ClientOptions
 from netopt.transfer.manifest import STATE_DIR_NAME
-from tests.service.dataplane_helpers import CPU, TOKEN, start
+from tests.service.cache_helpers import sync_served_tree
+from tests.service.dataplane_helpers import CPU
+from tests.service.serve_process import REPO
 
 
 def test_measured_on_the_filesystem_then_read_from_its_cache(tmp_path: Path) -> None:
@@ -69,19 +68,9 @@ async def test_a_tree_sync_plans_with_the_measured_cost(
         path = src / f"d{i % 7}" / f"f{i:05d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"row %d\n" % i * (1 + i % 40))
-    runner, port, _, _ = await start(src)
-    try:
-        request = SyncRequest(
-            f"netopt://127.0.0.1:{port}/ds",
-            str(tmp_path / "dest"),
-            str(tmp_path / "cache"),
-            source_options=SourceOptions(
-                client=ClientOptions(token=TOKEN), client_cpu=replace(CPU, per_file_s=None)
-            ),
-        )
-        report = await run_sync(request)
-    finally:
-        await runner.cleanup()
+    report = await sync_served_tree(
+        src, tmp_path / "dest", tmp_path / "cache", replace(CPU, per_file_s=None)
+    )
     kept = json.loads((tmp_path / "filecost.json").read_text())
     assert list(kept) == [str(os.stat(tmp_path).st_dev)]
     plan = report.transfer_plan
@@ -142,7 +131,7 @@ def test_a_killed_sync_leaves_no_measuring_server(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("t" * 32)
     token.chmod(0o600)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     sync = subprocess.Popen(
         [sys.executable, "-c", _STARTS_A_SERVER, str(tmp_path / "root"), str(token)],
         stdout=subprocess.PIPE, text=True, env=env,
