@@ -7,9 +7,11 @@ predicted 64% too short. That work (the server reading and framing each file, th
 client verifying, storing and writing it, then the rename) is this node's CPU and
 filesystem, so it is measured on the filesystem the sync writes to, once per
 filesystem, and kept beside the codec speeds (`file_cost_cache_path`, keyed by the
-filesystem's device number). A sync measures it only when its manifest lists at least
-`MEASURE_FROM_FILES` files (`per_file_cost_s`): below that the per-file work is a
-fraction of a second, less than measuring it.
+filesystem's device number). A sync measures it only when its files could hold it back
+(`per_file_cost_s`): at least `MEASURE_FROM_FILES` files, and so many that at
+`PER_FILE_CEILING_S` each they would take longer than the plan's bytes. Measuring costs
+~2.5 s the first time on a filesystem; the lab's 7,947-file packages tree paid that and
+fell behind rsync while its files, at the measured figure, were 1 s of its 6.9 s.
 
 `measure_per_file_s` serves two directories with the real server (``netopt serve``, its
 own process, on 127.0.0.1 with a random token), `FILES` files of `FILE_BYTES` and one
@@ -51,14 +53,20 @@ __all__ = [
     "FILES",
     "FILE_BYTES",
     "MEASURE_FROM_FILES",
+    "PER_FILE_CEILING_S",
     "RUNS",
     "file_cost_cache_path",
+    "files_could_bind",
     "measure_per_file_s",
     "per_file_cost_s",
 ]
 
 MEASURE_FROM_FILES = 1000
 """A sync of fewer files does not measure the per-file cost (nor plans with one)."""
+PER_FILE_CEILING_S = 700e-6
+"""The highest per-file cost measured on this project's machines (687 us: ext4 mounted
+``discard`` just after a tree was deleted; 128-266 us elsewhere). Files that would not
+outlast the bytes even at this cost cannot bind the sync, so they are not measured."""
 
 FILES = 1000
 """Files in the measured tree: enough that their cost stands well above a sync's own
@@ -246,13 +254,21 @@ def _cached(cache: Path) -> dict[str, float]:
     }
 
 
+def files_could_bind(files: int, bytes_s: float) -> bool:
+    """Whether ``files`` files could take longer than the ``bytes_s`` seconds a plan
+    gives the bytes, at the highest per-file cost seen (`PER_FILE_CEILING_S`)."""
+    return files >= MEASURE_FROM_FILES and files * PER_FILE_CEILING_S >= bytes_s
+
+
 def per_file_cost_s(
-    where: str | os.PathLike[str], files: int, cache: Path | None = None
+    where: str | os.PathLike[str], files: int, bytes_s: float, cache: Path | None = None
 ) -> float | None:
-    """The per-file cost on ``where``'s filesystem for a sync of ``files`` files: None
-    below `MEASURE_FROM_FILES`; else from ``cache`` (default `file_cost_cache_path`), or
-    measured under ``where`` now (~2-3 s, once per filesystem) and kept there. None when
-    it cannot be measured (the plan then counts bytes only). Blocking."""
+    """The per-file cost on ``where``'s filesystem for a sync of ``files`` files whose
+    bytes the plan gives ``bytes_s`` seconds: None below `MEASURE_FROM_FILES`; else from
+    ``cache`` (default `file_cost_cache_path`) when kept there; else, when the files could
+    bind (`files_could_bind`), measured under ``where`` now (~2-3 s, once per filesystem)
+    and kept. None when not measured or it cannot be (the plan then counts bytes only).
+    Blocking."""
     if files < MEASURE_FROM_FILES:
         return None
     cache = cache if cache is not None else file_cost_cache_path()
@@ -260,6 +276,8 @@ def per_file_cost_s(
     known = _cached(cache)
     if device is not None and device in known:
         return known[device]
+    if not files_could_bind(files, bytes_s):
+        return None
     seconds = measure_per_file_s(where)
     if seconds is None or device is None:
         return seconds

@@ -34,6 +34,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
@@ -329,15 +330,6 @@ class NetoptSource(Source):
         if info.manifest_id != manifest.manifest_id:
             # The two were answered by different versions: the files changed in between.
             raise DatasetChangedError(f"{url}: the dataset changed between its info and manifest")
-        if cpu.per_file_s is None and opts.file_cost_dir is not None:
-            from netopt.cache.filecost import per_file_cost_s  # it syncs: syncer imports us
-
-            per_file_s = await asyncio.to_thread(
-                per_file_cost_s, opts.file_cost_dir, len(manifest.files)
-            )
-            if per_file_s is not None:
-                cpu = replace(cpu, per_file_s=per_file_s)
-                trace.mark("file_cost")
         figures = link_figures_for(
             info,
             rate_bps=opts.link_rate_bps,
@@ -346,15 +338,26 @@ class NetoptSource(Source):
             rate_limit_bps=opts.client.rate_limit_bps,
         )
         overhead_bytes = source.meta_wire_bytes
-        plan = plan_for(
+        plan_with = partial(
+            plan_for,
             info,
             None,
-            cpu,
             figures=figures,
             max_streams=opts.max_streams,
             meta_bytes=overhead_bytes,
             files=len(manifest.files),
         )
+        plan = plan_with(cpu)
+        if cpu.per_file_s is None and opts.file_cost_dir is not None:
+            from netopt.cache.filecost import per_file_cost_s  # it syncs: syncer imports us
+
+            per_file_s = await asyncio.to_thread(
+                per_file_cost_s, opts.file_cost_dir, len(manifest.files), plan.work_s
+            )
+            if per_file_s is not None:
+                cpu = replace(cpu, per_file_s=per_file_s)
+                trace.mark("file_cost")
+                plan = plan_with(cpu)
         trace.mark("plan_made")
         level = opts.zstd_level
         source.zstd_level = plan.zstd_level if level is None else (level or None)

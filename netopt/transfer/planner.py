@@ -163,6 +163,11 @@ class TransferPlan:
     setup_s: float = 0.0
     """Round trips and TCP ramp-up counted in ``predicted_time_s``."""
 
+    @property
+    def work_s(self) -> float:
+        """The part of ``predicted_time_s`` that moves the data: no start-up, no set-up."""
+        return self.predicted_time_s - self.startup_s - self.setup_s
+
     def to_dict(self) -> dict[str, object]:
         """The plan as JSON-able data."""
         return {

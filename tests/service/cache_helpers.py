@@ -75,21 +75,27 @@ def request(source: str, dest: Path, cache: Path, **kw: object) -> SyncRequest:
     return SyncRequest(source, str(dest), str(cache), source_options=opts, **kw)  # type: ignore[arg-type]
 
 
-def served_options(token: str, cpu: object) -> SourceOptions:
-    return SourceOptions(client=ClientOptions(token=token), client_cpu=cpu)  # type: ignore[arg-type]
+def served_options(token: str, cpu: object, link_rate_bps: float | None = None) -> SourceOptions:
+    return SourceOptions(
+        client=ClientOptions(token=token),
+        client_cpu=cpu,  # type: ignore[arg-type]
+        link_rate_bps=link_rate_bps,
+    )
 
 
-async def sync_served_tree(src: Path, dest: Path, cache: Path, cpu: object = None) -> SyncReport:
+async def sync_served_tree(
+    src: Path, dest: Path, cache: Path, cpu: object = None, link_rate_bps: float | None = None
+) -> SyncReport:
     """``src`` served by a real netopt server on localhost (token), synced into ``dest``
-    through ``cache`` with ``cpu`` (default: the test CPU profile); the server stopped
-    after."""
+    through ``cache`` with ``cpu`` (default: the test CPU profile), planned for a link of
+    ``link_rate_bps`` when given (as ``--link-rate-mbps``); the server stopped after."""
     from tests.service.dataplane_helpers import CPU, TOKEN, start
 
     runner, port, _, _ = await start(src)
     try:
         req = SyncRequest(
             f"netopt://127.0.0.1:{port}/ds", str(dest), str(cache),
-            source_options=served_options(TOKEN, CPU if cpu is None else cpu),
+            source_options=served_options(TOKEN, CPU if cpu is None else cpu, link_rate_bps),
         )  # fmt: skip
         return await run_sync(req)
     finally:

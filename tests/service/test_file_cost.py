@@ -25,7 +25,7 @@ from tests.service.serve_process import REPO
 def test_measured_on_the_filesystem_then_read_from_its_cache(tmp_path: Path) -> None:
     cache = tmp_path / "filecost.json"
     where = tmp_path / "dest" / STATE_DIR_NAME
-    seconds = filecost.per_file_cost_s(where, filecost.MEASURE_FROM_FILES, cache)
+    seconds = filecost.per_file_cost_s(where, filecost.MEASURE_FROM_FILES, 0.0, cache)
     assert seconds is not None
     # Above what a file's system calls alone take, far below a millisecond on any disk
     # that a sync of 1,000 files should not take a second over.
@@ -35,7 +35,8 @@ def test_measured_on_the_filesystem_then_read_from_its_cache(tmp_path: Path) -> 
     assert kept == {str(os.stat(tmp_path).st_dev): seconds}
     # Known now: read back, not measured again (a figure no measurement gives).
     cache.write_text(json.dumps({str(os.stat(tmp_path).st_dev): 0.5}))
-    assert filecost.per_file_cost_s(where, 5000, cache) == 0.5
+    # Kept figures are used even where the files could not bind (no cost to know them).
+    assert filecost.per_file_cost_s(where, 5000, 1e6, cache) == 0.5
 
 
 def test_a_few_files_measure_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,8 +45,22 @@ def test_a_few_files_measure_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(filecost, "measure_per_file_s", refuse)
     cache = tmp_path / "filecost.json"
-    assert filecost.per_file_cost_s(tmp_path, filecost.MEASURE_FROM_FILES - 1, cache) is None
+    assert filecost.per_file_cost_s(tmp_path, filecost.MEASURE_FROM_FILES - 1, 0.0, cache) is None
+    # Enough files, but their bytes outlast them even at the highest per-file cost seen.
+    files = 10_000
+    bytes_s = files * filecost.PER_FILE_CEILING_S * 1.01
+    assert filecost.per_file_cost_s(tmp_path, files, bytes_s, cache) is None
     assert not cache.exists()
+
+
+def test_measured_only_where_the_files_could_bind() -> None:
+    # The lab's figures: the packages tree's 7,947 files against 6.9 s of bytes (the
+    # measurement's ~2.5 s put it behind rsync while its files were ~1 s of work), and
+    # the 100,000-file tree against ~6 s of bytes (its files bound it: 23-25 s).
+    assert not filecost.files_could_bind(7_947, 6.9)
+    assert filecost.files_could_bind(100_000, 6.0)
+    assert filecost.files_could_bind(filecost.MEASURE_FROM_FILES, 0.0)
+    assert not filecost.files_could_bind(filecost.MEASURE_FROM_FILES - 1, 0.0)
 
 
 def test_a_bad_cache_is_ignored_and_an_unusable_place_measures_nothing(tmp_path: Path) -> None:
@@ -76,12 +91,34 @@ async def test_a_tree_sync_plans_with_the_measured_cost(
     plan = report.transfer_plan
     assert plan is not None
     assert plan.bottleneck == "files"  # on loopback the files, not the bytes, bind
-    work_s = plan.predicted_time_s - plan.startup_s - plan.setup_s
-    assert work_s == pytest.approx(filecost.MEASURE_FROM_FILES * next(iter(kept.values())))
+    assert plan.work_s == pytest.approx(filecost.MEASURE_FROM_FILES * next(iter(kept.values())))
     for i in (0, 999):
         rel = f"d{i % 7}/f{i:05d}.txt"
         assert (tmp_path / "dest" / rel).read_bytes() == (src / rel).read_bytes()
     assert not (tmp_path / "dest" / STATE_DIR_NAME).exists()
+
+
+async def test_a_tree_whose_bytes_outlast_its_files_is_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1,000 files of 4 KB planned for a 2 Mbit/s link: 16 s of bytes, where the files
+    # at the highest per-file cost seen are 0.7 s. A real sync measures nothing.
+    monkeypatch.setenv("NETOPT_CODEC_CACHE", str(tmp_path / "codec.json"))
+    src = tmp_path / "src"
+    for i in range(filecost.MEASURE_FROM_FILES):
+        path = src / f"d{i % 7}" / f"f{i:05d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(4096))
+    report = await sync_served_tree(
+        src, tmp_path / "dest", tmp_path / "cache", replace(CPU, per_file_s=None), 2e6
+    )
+    assert not (tmp_path / "filecost.json").exists()
+    plan = report.transfer_plan
+    assert plan is not None
+    assert plan.bottleneck != "files"
+    assert plan.work_s > filecost.MEASURE_FROM_FILES * filecost.PER_FILE_CEILING_S
+    rel = "d3/f00003.bin"
+    assert (tmp_path / "dest" / rel).read_bytes() == (src / rel).read_bytes()
 
 
 def test_under_tls_it_measures_over_tls_and_leaves_the_callers_tls(tmp_path: Path) -> None:
