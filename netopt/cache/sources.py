@@ -46,6 +46,7 @@ from netopt.dataplane.client import (
     MAX_CONNECTIONS,
     fetch_info_and_manifest,
     link_figures_for,
+    part_connections,
     plan_for,
     start_adapting,
 )
@@ -365,7 +366,7 @@ class NetoptSource(Source):
             start_adapting(source, info, cpu, figures)
         streams = opts.streams or plan.streams
         # Streams the plan chose: a small sync's parts may use every warm connection.
-        parts = 0 if opts.streams else max(streams, WARM_CONNECTIONS)
+        parts = 0 if opts.streams else part_connections(streams, source.warm_ready)
         return OpenedServed(
             self.kind, url.name, manifest, source, streams, overhead_bytes, plan, figures,
             part_connections=parts, served=source,

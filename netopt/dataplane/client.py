@@ -47,6 +47,7 @@ __all__ = [
     "fetch_info_and_manifest",
     "link_figures_for",
     "parse_dataset_url",
+    "part_connections",
     "plan_for",
     "start_adapting",
     "sync_url",
@@ -57,6 +58,10 @@ MAX_CONNECTIONS = 64
 """Connections one source may hold (the sync engine's streams use fewer)."""
 HEDGE_DELAY_S = 0.5
 """After this long without an answer, the info and manifest requests are sent again."""
+WARM_GRACE_RTTS = 0.25
+WARM_GRACE_MIN_S = 0.02
+"""`warm_grace_s`: on the lab's 140 ms link the 16 warm-up connections that did not lose a
+packet opened within 7-12 ms of each other; one that did came 130-600 ms after."""
 
 
 def link_figures_for(
@@ -207,7 +212,7 @@ async def sync_url(
         # No fsync per chunk: the store only serves resumption, and `get` re-verifies.
         sink = await asyncio.to_thread(partial(DirChunkSink, state_dir / "chunks", fsync=False))
         # Streams the plan chose: a small sync's parts may use every warm connection.
-        parts = 0 if streams else max(n_streams, WARM_CONNECTIONS)
+        parts = 0 if streams else part_connections(n_streams, source.warm_ready)
         opts = replace(sync_options or SyncOptions(), streams=n_streams, part_connections=parts)
         summary = await sync_manifest(manifest, source, sink, dest, opts, on_progress=on_progress)
     await asyncio.to_thread(shutil.rmtree, state_dir, ignore_errors=True)
@@ -260,47 +265,54 @@ async def fetch_info_and_manifest(
     """
     url, token = source.url, source.options.token
     source.owns_prefetch = True
-    warm: asyncio.Task[None] | None = None
-    if prefetch.sockets_need_tls(url.host, url.port):
+    warming = prefetch.sockets_need_tls(url.host, url.port)
+    if warming:
         # Under TLS the prefetched sockets carry no TLS session yet: their handshakes
         # start now, while the prefetch's answers are awaited, not at the first chunk.
-        warm = asyncio.create_task(source.warm_up(connections))
-    try:
-        early = await prefetch.take_meta(url.host, url.port, url.name, token)
-    except BaseException:
-        if warm is not None:
-            warm.cancel()
-        raise
+        # Closing ``source`` ends a warm-up still running.
+        source.start_warm_up(connections)
+    early = await prefetch.take_meta(url.host, url.port, url.name, token)
     if early is not None:
-        if warm is not None:
-            await warm
-        trace.mark("info_manifest")
         source.meta_wire_bytes = early.wire_bytes
         info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
         source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
+        await source.warmed(warm_grace_s(source.rtt_s))
+        trace.mark("info_manifest")
         return _asked_for(source, info, source.manifest_from_doc(early.manifest))
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:
                 info_task = tg.create_task(_hedged(meta.fetch_info))
                 manifest_task = tg.create_task(_hedged(meta.fetch_manifest))
-                if warm is None:
-                    tg.create_task(source.warm_up(connections))
+                if not warming:  # after the two: they connect first
+                    source.start_warm_up(connections)
         except BaseExceptionGroup as group:
-            if warm is not None:
-                warm.cancel()
             raise first_error(group) from None
-        if warm is not None:
-            await warm
         source.meta_wire_bytes = meta.wire_bytes
-    trace.mark("info_manifest")
     info = info_task.result()
+    await source.warmed(warm_grace_s(info.rtt_ms / 1000))
+    trace.mark("info_manifest")
     # The data connections' handshakes and warm-up requests measured the round trip too.
     measured = source.round_trip()
     if measured is not None and measured[0] * 1000 < info.rtt_ms:
         info = replace(info, rtt_ms=measured[0] * 1000, rtt_source=measured[1])
     source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
     return _asked_for(source, info, manifest_task.result())
+
+
+def warm_grace_s(rtt_s: float) -> float:
+    """How long the set-up waits for the rest of the warm-up once one connection is open
+    (see `HttpChunkSource.warmed`): `WARM_GRACE_RTTS` of the round trip, at least
+    `WARM_GRACE_MIN_S`."""
+    return max(WARM_GRACE_MIN_S, WARM_GRACE_RTTS * rtt_s)
+
+
+def part_connections(plan_streams: int, warm_ready: int) -> int:
+    """The connections a sync of fewer chunks than streams spreads its chunks' parts over
+    (`SyncOptions.part_connections`): the warm-up's open ones when it opened some (a part
+    beyond them would open a connection of its own: two round trips more under TLS),
+    else the plan's streams, at least `WARM_CONNECTIONS`."""
+    return warm_ready if warm_ready > 0 else max(plan_streams, WARM_CONNECTIONS)
 
 
 def _asked_for(

@@ -62,16 +62,25 @@ async def _serve(
     chunk_bytes: int = CHUNK_BYTES,
     part_version: str | None = None,
     corrupt_parts: int = 0,
+    late_health: asyncio.Event | None = None,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
-    a stream request is answered only once its body (the names) has ended."""
+    a stream request is answered only once its body (the names) has ended.
+    ``late_health``: the second health request (a warm-up's) is answered only once it is
+    set (10 s at most), as a connection whose handshake lost a packet is late."""
 
     corrupted: list[str] = []
+    health_seen = 0
 
     @web.middleware
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        nonlocal health_seen
         started_s = time.monotonic()
         try:
+            if late_health is not None and _route(request.path) == "health":
+                health_seen += 1
+                if health_seen == 2:
+                    await asyncio.wait_for(late_health.wait(), 10)
             if whole_stream_bodies and _route(request.path) == "stream":
                 await request.content.wait_eof()  # unread: the handler reads the names
             resp = await handler(request)
@@ -334,5 +343,40 @@ async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_con
     parts = min(connections, MAX_CHUNK_PARTS, len(files["one.py"]) // MIN_PART_BYTES)
     assert plan.streams < parts  # the rule is what gives the parts here, not the plan
     asked = [s for s in seen if s.route == "chunks"]
+    assert len(asked) == parts, [s.route for s in seen]
+    assert {s.query["parts"] for s in asked if s.query} == {str(parts)}
+
+
+async def test_a_late_warm_up_connection_holds_nothing_up(tmp_path: Path) -> None:
+    """One warm-up connection of `WARM_CONNECTIONS` is answered late: the sync goes on
+    over the others (its chunk in one part per open one) and is done before the late one
+    answers; closing the source ends that request."""
+    files = {"one.py": _real_text(1024 * 1024)}
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    seen: list[Seen] = []
+    late = asyncio.Event()
+    runner, port = await _serve(
+        tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, late_health=late
+    )
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=20)
+    try:
+        async with asyncio.timeout(30):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, zstd_level=3,
+            )  # fmt: skip
+        done_s = time.monotonic()
+        late.set()
+    finally:
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunks_fetched == 1
+    health = [s for s in seen if s.route == "health"]
+    assert len(health) == WARM_CONNECTIONS
+    # Every other warm-up request was answered before the sync ended; the late one after.
+    assert sorted(s.ended_s > done_s for s in health) == [False] * (WARM_CONNECTIONS - 1) + [True]
+    asked = [s for s in seen if s.route == "chunks"]
+    parts = WARM_CONNECTIONS - 1  # one per open connection: none waits for the late one
     assert len(asked) == parts, [s.route for s in seen]
     assert {s.query["parts"] for s in asked if s.query} == {str(parts)}
