@@ -255,8 +255,10 @@ async def fetch_info_and_manifest(
     source: HttpChunkSource, connections: int
 ) -> tuple[DatasetInfo, Manifest]:
     """The dataset's info and manifest, in parallel over a short-lived session of their
-    own, while ``source`` opens ``connections`` data connections. ``source.meta_wire_bytes``
-    then holds what the two requests took on the wire.
+    own, while ``source`` opens ``connections`` data connections; returned once those are
+    open, or once the rest are late (`HttpChunkSource.warmed`, `warm_grace_s`): late ones
+    go on opening. ``source.meta_wire_bytes`` then holds what the two requests took on
+    the wire.
 
     Answers that `netopt.dataplane.prefetch` fetched while the process was starting are
     used when they are there; the data connections then come connected from it too.
