@@ -113,6 +113,9 @@ class SourceOptions:
     state_dir: str | None = None
     """Where sources without manifests remember how their files were chunked (web dirs, S3)."""
     s3: S3Options = field(default_factory=S3Options)
+    warm_connections: int = WARM_CONNECTIONS
+    """Data connections a netopt source opens during its set-up when ``streams`` is not
+    given (see `netopt.dataplane.client.fetch_info_and_manifest`)."""
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,9 @@ class NetoptSource(Source):
             # Beside the info and manifest requests: the figures are there when they are.
             lookup = asyncio.ensure_future(measured_link(opts.coordinator, url.host, url.port))
         try:
-            info, manifest = await fetch_info_and_manifest(source, opts.streams or WARM_CONNECTIONS)
+            info, manifest = await fetch_info_and_manifest(
+                source, opts.streams or opts.warm_connections
+            )
             trace.mark("manifest_parsed")
             measured = await _looked_up(lookup)
         finally:
