@@ -6,8 +6,11 @@ import asyncio
 import os
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from netopt.chunking import ChunkRef, chunk_bytes, chunk_id
 from netopt.dataplane.chunkio import MemoryChunkSink, MemoryChunkSource, RawChunk
@@ -167,13 +170,34 @@ async def test_a_small_syncs_chunks_go_out_on_every_stream_at_once(tmp_path: Pat
     assert all(s.ended for s in source.streams)
 
 
+async def _sync_until(
+    tmp_path: Path, delays_s: list[float], premise: Callable[[StreamingSource], bool]
+) -> StreamingSource:
+    """Sync an 8-chunk dataset over streams of ``delays_s`` (by open order) until
+    ``premise`` holds of the source, 5 tries at most, each within 4 s, whole and with each
+    chunk stored once. Which stream asks for what depends on scheduling: on a loaded
+    machine the fast stream sometimes takes all but the slow one's first chunk, and
+    nothing is left to take over."""
+    for attempt in range(5):
+        manifest, table, data = _dataset(8)
+        source = StreamingSource(manifest, table, delays_s)
+        sink = CountingSink()
+        dest = tmp_path / f"try{attempt}"
+        summary = await asyncio.wait_for(
+            sync_manifest(manifest, source, sink, dest, FAST), timeout=4.0
+        )
+        assert (dest / "f.bin").read_bytes() == data
+        assert max(sink.puts.values()) == 1  # each chunk stored once
+        assert summary.chunks_fetched == len(table)
+        if premise(source):
+            return source
+    pytest.fail("in 5 tries the slow stream was never left with a chunk to take over")
+
+
 async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path) -> None:
-    manifest, table, data = _dataset(8)
-    # The first stream needs 0.4 s per frame, the second none.
-    source = StreamingSource(manifest, table, [0.4, 0.0])
-    sink = CountingSink()
-    summary = await sync_manifest(manifest, source, sink, tmp_path, FAST)
-    assert (tmp_path / "f.bin").read_bytes() == data
+    # The first stream needs 0.4 s per frame, the second none; the premise: the slow one
+    # asked for more than one chunk, so one waits behind its first.
+    source = await _sync_until(tmp_path, [0.4, 0.0], lambda src: len(src.streams[0].asked) > 1)
     # The fast stream's worker takes over a chunk on a fresh stream once its own stream
     # ended: every stream after the first runs at the fast pace.
     slow = source.streams[0]
@@ -184,8 +208,6 @@ async def test_idle_stream_takes_over_a_slow_streams_queued_chunk(tmp_path: Path
     # The slow stream was cut instead of sending the chunk the fast one already delivered.
     assert slow.sent < len(slow.asked)
     assert slow.closed_complete is False
-    assert max(sink.puts.values()) == 1  # each chunk stored once
-    assert summary.chunks_fetched == len(table)
 
 
 async def test_a_stolen_copy_still_arriving_is_cut_when_the_original_arrives(
@@ -194,14 +216,8 @@ async def test_a_stolen_copy_still_arriving_is_cut_when_the_original_arrives(
     # The first stream needs 0.3 s per frame; the second none, so it runs out of work and
     # asks again, on a fresh stream, for the first stream's last chunk. That third stream
     # is the slow one (5 s a frame, as a fresh request's small window can be): the
-    # original arrives first, and the sync must not wait for the copy.
-    manifest, table, data = _dataset(8)
-    source = StreamingSource(manifest, table, [0.3, 0.0, 5.0])
-    sink = CountingSink()
-    summary = await asyncio.wait_for(
-        sync_manifest(manifest, source, sink, tmp_path, FAST), timeout=4.0
-    )
-    assert (tmp_path / "f.bin").read_bytes() == data
+    # original arrives first, and the sync must not wait for the copy (each try: 4 s).
+    source = await _sync_until(tmp_path, [0.3, 0.0, 5.0], lambda src: len(src.streams) >= 3)
     original, stealer = source.streams[0], source.streams[2]
     assert stealer.asked
     assert set(stealer.asked) <= set(original.asked)
@@ -209,8 +225,6 @@ async def test_a_stolen_copy_still_arriving_is_cut_when_the_original_arrives(
     assert stealer.sent == 0
     assert stealer.cancelled_in_frame
     assert stealer.closed_complete is False  # and its connection dropped
-    assert max(sink.puts.values()) == 1
-    assert summary.chunks_fetched == len(table)
 
 
 async def test_broken_stream_is_reopened_and_finishes(tmp_path: Path) -> None:
