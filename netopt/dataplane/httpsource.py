@@ -425,7 +425,7 @@ class HttpChunkSource:
         """``chunk_id``'s frame was read: the adapter may move the level for what is asked next."""
         if self.adapter is not None:
             level = self.adapter.arrived(
-                chunk_id, raw.wire_bytes, length_bytes, time.monotonic(), time.thread_time()
+                chunk_id, raw.wire_bytes, length_bytes, time.monotonic(), time.thread_time
             )
             self.zstd_level = level or None
 

@@ -138,7 +138,7 @@ def test_the_adapter_measures_the_loops_cpu_share(cpu_per_frame_s: float, climbs
         adapter.asked(f"c{n}", level)
         now_s += 0.01
         cpu_s += cpu_per_frame_s
-        level = adapter.arrived(f"c{n}", 25_000, 60_000, now_s, cpu_s)
+        level = adapter.arrived(f"c{n}", 25_000, 60_000, now_s, lambda at=cpu_s: at)
     assert adapter.samples[0][4] == pytest.approx(cpu_per_frame_s / 0.01)
     assert adapter.to_list()[0]["loop_busy"] == round(cpu_per_frame_s / 0.01, 3)
     assert level == (3 if climbs else 1)
