@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,15 +75,21 @@ def test_a_bad_cache_is_ignored_and_an_unusable_place_measures_nothing(tmp_path:
     assert filecost.measure_per_file_s(blocker / "under") is None
 
 
+def _tree(src: Path, suffix: str, content: Callable[[int], bytes]) -> None:
+    """`filecost.MEASURE_FROM_FILES` files under ``src``, in 7 directories: file i holds
+    ``content(i)``."""
+    for i in range(filecost.MEASURE_FROM_FILES):
+        path = src / f"d{i % 7}" / f"f{i:05d}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content(i))
+
+
 async def test_a_tree_sync_plans_with_the_measured_cost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NETOPT_CODEC_CACHE", str(tmp_path / "codec.json"))
     src = tmp_path / "src"
-    for i in range(filecost.MEASURE_FROM_FILES):
-        path = src / f"d{i % 7}" / f"f{i:05d}.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"row %d\n" % i * (1 + i % 40))
+    _tree(src, ".txt", lambda i: b"row %d\n" % i * (1 + i % 40))
     report = await sync_served_tree(
         src, tmp_path / "dest", tmp_path / "cache", replace(CPU, per_file_s=None)
     )
@@ -105,10 +112,7 @@ async def test_a_tree_whose_bytes_outlast_its_files_is_not_measured(
     # at the highest per-file cost seen are 0.7 s. A real sync measures nothing.
     monkeypatch.setenv("NETOPT_CODEC_CACHE", str(tmp_path / "codec.json"))
     src = tmp_path / "src"
-    for i in range(filecost.MEASURE_FROM_FILES):
-        path = src / f"d{i % 7}" / f"f{i:05d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(4096))
+    _tree(src, ".bin", lambda _: os.urandom(4096))
     report = await sync_served_tree(
         src, tmp_path / "dest", tmp_path / "cache", replace(CPU, per_file_s=None), 2e6
     )

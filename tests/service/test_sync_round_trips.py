@@ -318,14 +318,20 @@ async def test_a_bad_part_fails_the_joined_chunk_check_and_the_chunk_is_asked_ag
     assert [s.route for s in seen].count("chunks") == 2 * 2 * summary.chunks_fetched
 
 
+def _one_file(src: Path) -> dict[str, bytes]:
+    """``src`` holding one 1 MiB file of real text (one chunk at 4 MiB): its files."""
+    files = {"one.py": _real_text(1024 * 1024)}
+    src.mkdir()
+    (src / "one.py").write_bytes(files["one.py"])
+    return files
+
+
 async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_connection(
     tmp_path: Path,
 ) -> None:
     """The plan chooses the streams: a one-chunk sync then cuts its chunk into a part per
     warm connection (at least `WARM_CONNECTIONS`), each part at least `MIN_PART_BYTES`."""
-    files = {"one.py": _real_text(1024 * 1024)}
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    files = _one_file(tmp_path / "src")
     seen: list[Seen] = []
     runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024)
     client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
@@ -351,9 +357,7 @@ async def test_a_late_warm_up_connection_holds_nothing_up(tmp_path: Path) -> Non
     """One warm-up connection of `WARM_CONNECTIONS` is answered late: the sync goes on
     over the others (its chunk in one part per open one) and is done before the late one
     answers; closing the source ends that request."""
-    files = {"one.py": _real_text(1024 * 1024)}
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    files = _one_file(tmp_path / "src")
     seen: list[Seen] = []
     late = asyncio.Event()
     runner, port = await _serve(
