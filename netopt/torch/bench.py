@@ -9,12 +9,12 @@ or one per lab node through ``lab.popen``. This module never imports torch.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -129,34 +129,53 @@ def run_allreduce(
 ) -> dict[str, Any]:
     """Start every rank with ``start_rank(rank, argv)`` and return rank 0's result document.
 
-    Every process is waited for (and killed past ``timeout_s``). Raises
-    NetworkError when a rank fails or no result comes back in time.
+    Each rank's output is read on a thread of its own. Once a rank has failed, the others
+    are killed at once: a rank waiting for a peer that is gone (its rendezvous, its
+    collective) would otherwise hold the bench for its whole timeout. Every process is
+    killed past ``timeout_s`` and waited for, its pipes closed. Raises NetworkError
+    when a rank fails or no result comes back in time.
     """
     procs = [start_rank(rank, argv_for(rank)) for rank in range(ranks)]
+    outputs: list[tuple[str, str]] = [("", "")] * ranks
+
+    def collect(rank: int) -> None:
+        out, err = procs[rank].communicate()  # reads to the end, then closes the pipes
+        outputs[rank] = (out or "", err or "")
+
+    readers = [threading.Thread(target=collect, args=(r,), daemon=True) for r in range(ranks)]
+    for reader in readers:
+        reader.start()
     deadline = time.monotonic() + timeout_s
-    outputs: list[tuple[str, str]] = []
     try:
-        for proc in procs:
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                out, err = proc.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
-                raise NetworkError(f"all-reduce bench ran over {timeout_s:g} s") from None
-            outputs.append((out or "", err or ""))
+        while any(reader.is_alive() for reader in readers):
+            if any(proc.poll() not in (None, 0) for proc in procs):
+                break  # a rank failed: the others are killed below
+            if time.monotonic() > deadline:
+                raise NetworkError(f"all-reduce bench ran over {timeout_s:g} s")
+            time.sleep(_POLL_S)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)
-    for rank, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
-        if proc.returncode != 0:
-            raise NetworkError(f"bench rank {rank} exited {proc.returncode}: {err.strip()[-1500:]}")
+        for reader in readers:
+            reader.join(timeout=10)
+    failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        # The first to fail says why; the ones killed after it only died of it.
+        rank = min(failed, key=lambda r: procs[r].returncode < 0)
+        err = outputs[rank][1]
+        raise NetworkError(
+            f"bench rank {rank} exited {procs[rank].returncode}: {err.strip()[-1500:]}"
+        )
     for line in outputs[0][0].splitlines():
         if line.startswith(RESULT_PREFIX):
             document: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
             return document
     raise NetworkError("bench rank 0 printed no result")
+
+
+_POLL_S = 0.05
+"""How often `run_allreduce` looks for a failed rank."""
 
 
 def _free_port() -> int:
