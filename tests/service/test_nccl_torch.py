@@ -69,7 +69,7 @@ def test_bench_allreduce_on_loopback_with_predictions(capsys) -> None:
     links = REPO / "configs" / "links-example.yaml"
     code = main(["bench", "allreduce", "--nodes", "hk-1,hk-2,us-1", "--links", str(links),
                  "--min-size", "1KiB", "--max-size", "64KiB", "--factor", "64",
-                 "--iters", "2", "--json"])  # fmt: skip
+                 "--iters", "2", "--timeout-s", "120", "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     document = json.loads(out)
