@@ -9,6 +9,7 @@ or one per lab node through ``lab.popen``. This module never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -159,10 +160,13 @@ def run_allreduce(
                 proc.kill()
         for reader in readers:
             reader.join(timeout=10)
+        for proc in procs:  # a reader still blocked (a pipe some child holds open)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
     failed = [r for r, proc in enumerate(procs) if proc.returncode != 0]
     if failed:
-        # The first to fail says why; the ones killed after it only died of it.
-        rank = min(failed, key=lambda r: procs[r].returncode < 0)
+        # The first to fail says why; the ones killed after it (signals) only died of it.
+        rank = min(failed, key=lambda r: (procs[r].returncode or 0) < 0)
         err = outputs[rank][1]
         raise NetworkError(
             f"bench rank {rank} exited {procs[rank].returncode}: {err.strip()[-1500:]}"
