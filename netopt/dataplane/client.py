@@ -275,12 +275,45 @@ async def fetch_info_and_manifest(
         source.start_warm_up(connections)
     early = await prefetch.take_meta(url.host, url.port, url.name, token)
     if early is not None:
-        source.meta_wire_bytes = early.wire_bytes
-        info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
-        source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
-        await source.warmed(warm_grace_s(source.rtt_s))
-        trace.mark("info_manifest")
-        return _asked_for(source, info, source.manifest_from_doc(early.manifest))
+        return await _prefetched(source, early)
+    # Asked again, normally; the prefetch's answers still count if they come first.
+    normal = asyncio.ensure_future(_asked_normally(source, connections, warming))
+    late = asyncio.ensure_future(prefetch.late_meta(url.host, url.port, url.name, token))
+    try:
+        await asyncio.wait({normal, late}, return_when=asyncio.FIRST_COMPLETED)
+        answer = late.result() if late.done() else None
+        if answer is None:
+            return await normal
+        normal.cancel()
+        await asyncio.gather(normal, return_exceptions=True)
+        trace.count("prefetched_meta_late")
+        if not source.warm_up_started:
+            source.start_warm_up(connections)
+        return await _prefetched(source, answer)
+    finally:
+        for task in (normal, late):
+            task.cancel()
+        await asyncio.gather(normal, late, return_exceptions=True)
+
+
+async def _prefetched(
+    source: HttpChunkSource, early: prefetch.MetaAnswer
+) -> tuple[DatasetInfo, Manifest]:
+    """`fetch_info_and_manifest` from the prefetch's answers (validated as the normal
+    path's are)."""
+    source.meta_wire_bytes = early.wire_bytes
+    info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
+    source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
+    await source.warmed(warm_grace_s(source.rtt_s))
+    trace.mark("info_manifest")
+    return _asked_for(source, info, source.manifest_from_doc(early.manifest))
+
+
+async def _asked_normally(
+    source: HttpChunkSource, connections: int, warming: bool
+) -> tuple[DatasetInfo, Manifest]:
+    """`fetch_info_and_manifest` over a short-lived session of its own; starts the
+    warm-up unless it runs already (``warming``)."""
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:

@@ -351,6 +351,11 @@ class HttpChunkSource:
 
         await asyncio.gather(*(one() for _ in range(connections)))
 
+    @property
+    def warm_up_started(self) -> bool:
+        """Whether `start_warm_up` ran."""
+        return self._warming is not None
+
     def start_warm_up(self, connections: int) -> None:
         """`warm_up` in the background (see `warmed`); closing the source ends it."""
         self._warming = asyncio.ensure_future(self.warm_up(connections))

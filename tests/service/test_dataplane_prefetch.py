@@ -199,3 +199,88 @@ def test_under_tls_a_ca_file_that_does_not_load_starts_nothing(tmp_path: Path) -
         assert prefetch._pending is None
     finally:
         use_client_tls(ClientTls())
+
+
+async def _slow_manifest_server(
+    root: Path, delays_s: list[float], fails: int = 0
+) -> tuple[web.AppRunner, int, list[float]]:
+    """The data plane on loopback whose manifest requests are answered after
+    ``delays_s`` in the order they come (the last for every later one), the first
+    ``fails`` of them with a 503; the list gets each manifest request's arrival
+    (monotonic s)."""
+    asked: list[float] = []
+
+    @web.middleware
+    async def slow(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        if request.path.endswith("/manifest"):
+            n = len(asked)
+            asked.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(delays_s[min(n, len(delays_s) - 1)])
+            if n < fails:
+                return web.json_response({"error": "busy"}, status=503)
+        return await handler(request)
+
+    dataset = load_dataset(root, "ds", CHUNK_BYTES)
+    app = create_app(ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU,
+                     ServeStats())  # fmt: skip
+    app.middlewares.insert(0, slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1], asked
+
+
+COPIES = prefetch.META_COPIES
+
+
+async def test_a_stalled_copy_of_a_prefetched_request_holds_nothing_up(tmp_path: Path) -> None:
+    # The first manifest request to arrive stalls 5 s (as a request whose packet was
+    # lost waits out a retransmission timeout); the prefetch's other copy is answered at
+    # once and used: nothing is asked again, and the sync does not wait for the stall.
+    files = make_dataset(tmp_path / "src")
+    runner, port, asked = await _slow_manifest_server(tmp_path / "src", [5.0, 0.0])
+    try:
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
+        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=3.0)
+        check_tree(tmp_path / "dst", files)
+        assert len(asked) == COPIES == 2
+        assert prefetch.STATS["meta_used"] == 1
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_late_prefetched_answer_is_used_when_it_beats_asking_again(
+    tmp_path: Path,
+) -> None:
+    # The prefetch's manifest copies come 0.8 s late (both lost a packet on a lossy
+    # link), past `take_meta`'s wait: the normal path asks again, and its answer would
+    # take 5 s. The prefetch's late answer wins the race; the sync is whole.
+    files = make_dataset(tmp_path / "src")
+    runner, port, asked = await _slow_manifest_server(tmp_path / "src", [0.8] * COPIES + [5.0])
+    try:
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
+        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=4.0)
+        check_tree(tmp_path / "dst", files)
+        assert len(asked) > COPIES  # the normal path had asked again
+        assert asked[COPIES] - asked[0] < 0.8  # before the prefetch's answer came
+        assert prefetch.STATS["meta_used"] == 1
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_prefetch_that_fails_late_leaves_the_answer_to_the_normal_path(
+    tmp_path: Path,
+) -> None:
+    # Every copy of the prefetch's manifest request fails (503) after 0.8 s, past
+    # `take_meta`'s wait; the normal path's answer (1.2 s) is used.
+    files = make_dataset(tmp_path / "src")
+    delays_s = [0.8] * COPIES + [1.2]
+    runner, port, asked = await _slow_manifest_server(tmp_path / "src", delays_s, COPIES)
+    try:
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
+        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=6.0)
+        check_tree(tmp_path / "dst", files)
+        assert len(asked) > COPIES
+        assert prefetch.STATS["meta_used"] == 0
+    finally:
+        await runner.cleanup()

@@ -23,7 +23,7 @@ from aiohttp import web
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.handlers import auth_middleware
 from netopt.dataplane.limits import MAX_CHUNK_PARTS
-from netopt.dataplane.prefetch import WARM_CONNECTIONS
+from netopt.dataplane.prefetch import META_COPIES, WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.dataplane.streamwork import MIN_PART_BYTES
 from netopt.webshell import service_shell
@@ -137,22 +137,26 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     finally:
         await runner.cleanup()
     routes = [s.route for s in first]
-    assert routes.count("manifest") == 1, routes
-    assert routes.count("info") == 1, routes  # no version-check request after the chunks
+    # The start-up prefetch sends each request as `META_COPIES` copies; nothing more.
+    assert 1 <= routes.count("manifest") <= META_COPIES, routes
+    assert 1 <= routes.count("info") <= META_COPIES, routes  # no version check after chunks
     assert not {"chunks", "batch"} & set(routes), routes  # no request per chunk or file
     streams = [s for s in first if s.route == "stream"]
     assert 1 <= len(streams) <= 4, routes  # at most one per warm data connection
     # Round 1: info and manifest, asked independently of each other (in parallel by
     # design; on loopback one may be answered before the other arrives, so not asserted).
-    assert [s.route for s in first[:2]] in (["info", "manifest"], ["manifest", "info"])
-    # Round 2: the streams, asked only once the manifest was there.
-    manifest = next(s for s in first if s.route == "manifest")
-    assert all(s.started_s >= manifest.ended_s for s in streams)
+    meta = [s for s in first if s.route in ("info", "manifest")]
+    assert all(s.started_s < min(t.started_s for t in streams) for s in meta)
+    # Round 2: the streams, asked only once a manifest was there.
+    manifest_s = min(s.ended_s for s in first if s.route == "manifest")
+    assert all(s.started_s >= manifest_s for s in streams)
     # No round 3: the streams are the last requests (their end frames carried the version).
     assert all(s.route == "stream" for s in first[len(first) - len(streams) :]), routes
     assert report["files_written"] == len(files)
     # A sync with nothing to fetch: info and manifest, and the check (no stream carried it).
-    assert sorted(s.route for s in seen) == ["info", "info", "manifest"]
+    assert {s.route for s in seen} == {"info", "manifest"}
+    assert 2 <= [s.route for s in seen].count("info") <= META_COPIES + 1
+    assert 1 <= [s.route for s in seen].count("manifest") <= META_COPIES
     assert again["files_written"] == 0
 
 
@@ -289,7 +293,9 @@ async def test_a_part_naming_another_version_makes_the_sync_check_the_info(
     check_tree(tmp_path / "dest", files)
     routes = [s.route for s in seen]
     assert routes.count("chunks") > int(str(report["chunks_fetched"])), routes  # in parts
-    assert routes.count("info") == 2, routes  # the check the parts could not stand in for
+    data_s = min(s.started_s for s in seen if s.route == "chunks")
+    checks = [s for s in seen if s.route == "info" and s.started_s > data_s]
+    assert len(checks) == 1, routes  # the check the parts could not stand in for
     assert routes[-1] == "info", routes
 
 
