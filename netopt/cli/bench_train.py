@@ -199,17 +199,20 @@ def run_train_loopback(options: TrainOptions, ranks: int) -> dict[str, Any]:
     if hook.startswith("hierarchical"):
         raise UsageError("the hierarchical hooks need regions: use --lab")
     work = Path(tempfile.mkdtemp(prefix="netopt-bench-train-"))
-    shards = work / "shards"
-    make_shards(shards, options.shards, options.shard_bytes, text_sources())
-    flags = options.worker_flags()
-    names = tuple(f"rank{r}" for r in range(ranks))
-    with _local_http(shards) as url:
-        docs = _run_loopback_ranks(ranks, {**flags, "data_url": url, "hook": "none"},
-                                   deadline.left("the defaults' run"))  # fmt: skip
-    defaults = summarize("defaults", names, docs, settings={"data": "plain HTTP, 127.0.0.1"})
-    docs = _run_loopback_ranks(ranks, {**flags, "data_dir": str(shards), "hook": hook,
-                                       "no_broadcast_buffers": True},
-                               deadline.left("netopt's run"))  # fmt: skip
+    try:  # the shards (--shards x --shard-bytes) go with the run
+        shards = work / "shards"
+        make_shards(shards, options.shards, options.shard_bytes, text_sources())
+        flags = options.worker_flags()
+        names = tuple(f"rank{r}" for r in range(ranks))
+        with _local_http(shards) as url:
+            docs = _run_loopback_ranks(ranks, {**flags, "data_url": url, "hook": "none"},
+                                       deadline.left("the defaults' run"))  # fmt: skip
+        defaults = summarize("defaults", names, docs, settings={"data": "plain HTTP, 127.0.0.1"})
+        docs = _run_loopback_ranks(ranks, {**flags, "data_dir": str(shards), "hook": hook,
+                                           "no_broadcast_buffers": True},
+                                   deadline.left("netopt's run"))  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     netopt = summarize("netopt", names, docs, settings={
         "data": "CachedDataset over the local shards (loopback: no border to sync across)",
     })  # fmt: skip

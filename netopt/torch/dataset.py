@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 import threading
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,6 +72,13 @@ class _ProcessState:
             self.journal.close()
 
 
+def _remove_own_dir(path: str, owner_pid: int) -> None:
+    """Remove ``path`` when called in the process ``owner_pid`` (a fork's copy of the
+    object is collected in the worker, which must leave the directory alone)."""
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class CachedDataset:
     """Map-style dataset: sample ``i`` is ``decode(bytes of files[i])``.
 
@@ -79,7 +88,8 @@ class CachedDataset:
     them every regular file under ``root`` is used, in path order. ``prefetch_depth``
     files ahead of the sampler order (`set_order`, default 0..n-1) are read by
     ``prefetch_threads`` background threads into an LRU of at most
-    ``memory_bytes``. ``journal_dir`` defaults to a new temporary directory.
+    ``memory_bytes``. ``journal_dir`` defaults to a new temporary directory, removed
+    with the dataset (garbage-collected, or at exit) by the process that made it.
     Raises ValidationError for an empty dataset or bad bounds, StorageError or
     ValidationError from the cache when its manifest cannot be read.
     """
@@ -125,7 +135,11 @@ class CachedDataset:
             )
         if not self.files:
             raise ValidationError(f"dataset under {self.root} has no files")
-        jd = journal_dir or tempfile.mkdtemp(prefix="netopt-reads-")
+        jd = journal_dir
+        if not jd:
+            jd = tempfile.mkdtemp(prefix="netopt-reads-")
+            # Its own: gone with it, never with a worker's copy (pickled or forked).
+            weakref.finalize(self, _remove_own_dir, jd, os.getpid())
         self.journal_dir = Path(jd)
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         self.order: list[int] = list(range(len(self.files)))

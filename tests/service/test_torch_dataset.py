@@ -81,6 +81,35 @@ async def test_dataloader_workers_read_prefetch_and_feed_the_cache(tmp_path: Pat
             assert after[ref.chunk_id] > before.get(ref.chunk_id, 0)
 
 
+def test_a_default_journal_dir_goes_with_its_dataset_not_with_a_copy(tmp_path: Path) -> None:
+    import gc
+    import pickle
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "0.txt").write_text("sample 0")
+    ds = CachedDataset(tmp_path / "d", prefetch_depth=0)
+    journal = ds.journal_dir
+    assert ds[0] == b"sample 0"
+    clone = pickle.loads(pickle.dumps(ds))  # noqa: S301 (our own bytes)
+    assert clone[0] == b"sample 0"
+    clone.close()
+    del clone
+    gc.collect()
+    assert journal.is_dir()  # a worker's copy leaves it alone
+    assert ds.journal_stats().reads["0.txt"] == 2
+    ds.close()
+    del ds
+    gc.collect()
+    assert not journal.exists()
+    given = tmp_path / "journal"  # one the caller chose stays
+    ds = CachedDataset(tmp_path / "d", prefetch_depth=0, journal_dir=given)
+    assert ds[0] == b"sample 0"
+    ds.close()
+    del ds
+    gc.collect()
+    assert list(given.glob("reads-*.jsonl"))
+
+
 def test_dataset_is_picklable_and_works_in_process_without_a_cache(tmp_path: Path) -> None:
     import pickle
 
