@@ -21,15 +21,15 @@ reported too. With a high pressure the latencies say more about the machine than
 about the coordinator: compare runs only at similar pressure. The load
 generator's collector is off while measuring (a thousand real agents are a
 thousand small heaps, not one large one).
-Goal (issue 5): p99 under 50 ms on one core at 1,000 agents / 5 s.
+Goal: p99 under 50 ms on one core at 1,000 agents / 5 s.
 
-``--scenario restart-storm`` (issue 15) instead registers the fleet, SIGKILLs
+``--scenario restart-storm`` instead registers the fleet, SIGKILLs
 the coordinator and starts a fresh one on an empty database: every agent, at
 the random heartbeat phase the daemon gives it, is answered 404, registers
 again and replays ``--spool-batches`` spooled batches (``--lockstep``: all at
 the same phase, as the daemon did before). See ``bench_restart_storm.py``.
 
-``--database postgresql://USER@HOST:PORT/DB`` (issue 23) runs the steady load on
+``--database postgresql://USER@HOST:PORT/DB`` runs the steady load on
 a PostgreSQL store (the password from ``PGPASSWORD``; the database should be
 empty) instead of a SQLite file, and reports PostgreSQL's CPU too (every process
 named ``postgres`` on this machine, % of one core; only meaningful for a server

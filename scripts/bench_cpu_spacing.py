@@ -15,7 +15,7 @@ A coordinator replica that takes half the agents gets a batch every 10 ms
 instead of every 5 ms (1,000 agents, one batch each per 5 s); where this script
 shows each unit costing more in a process that runs one every 10 ms than in one
 that runs one every 5 ms, each of two replicas pays that much more per batch
-than one replica does, for the same work (issue 23).
+than one replica does, for the same work.
 
     .venv/bin/python scripts/bench_cpu_spacing.py [--rounds 3] [--seconds-per-step 6]
         [--spacing-ms 1,2.5,5,10,20] [--processes 1,2] [--out bench_cpu_spacing.json]

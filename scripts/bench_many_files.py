@@ -12,7 +12,7 @@ Cases (built once under --work-dir, reused by later runs):
   venv's site-packages, torch (and the nvidia / triton wheels) left out;
 - ``big``: one 100 MB file (pseudo-random bytes, incompressible);
 - ``joined``: one file holding the ``small`` tree's files concatenated (the same bytes as
-  one big file: the yardstick of issue 14's "a tree moves as fast as one big file").
+  one big file: the yardstick of "a tree moves as fast as one big file").
 
 Each run starts ``netopt serve`` (``--no-auth``, 64 KiB chunks) of the case, then times
 ``netopt sync URL DEST --cache-dir CACHE --json`` into an empty DEST and an empty cache,

@@ -12,7 +12,7 @@ peers, what the agent daemon runs) and ``per-peer`` (one :class:`UdpProber` per
 peer, each with its own socket and task, what ``measure_link`` runs). CPU is the
 process's own CPU time (user + system, from getrusage), so other load on the
 machine slows it down but does not count; the 1-minute load average before and
-after each run is printed alongside. Goal (issue 4): <= 2% of one core and
+after each run is printed alongside. Goal: <= 2% of one core and
 <= 60 MB RSS for 16 peers at 20/s.
 
     .venv/bin/python scripts/bench_probe.py [--peers 16] [--rate 20] [--duration 30]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time a 1 MB ``netopt sync`` on the lab link against issue 14's goal: 4 RTTs + 0.5 s.
+"""Time a 1 MB ``netopt sync`` on the lab link against the goal: 4 RTTs + 0.5 s.
 
     sudo .venv/bin/python scripts/bench_small_sync.py --json-out small-sync.json
 

@@ -12,7 +12,7 @@ border (the lab benchmark measures that).
 
     .venv/bin/python scripts/bench_tls.py [--size-mib 256] [--runs 3] [--out bench_tls.json]
 
-With ``--lab`` (root) it measures the issue's figure instead: the lab's border link
+With ``--lab`` (root) it measures the TLS goal's figure instead: the lab's border link
 (``--topology``, default configs/lab/bench-transfer.yaml: 100 Mbit/s, 80 ms RTT, 1%
 loss each way), ``netopt serve`` on us-1 (bbr, one compression thread, as in
 bench_transfer.py) and ``netopt sync`` on hk-1 with the link's figures for the plan,

@@ -1,6 +1,6 @@
 """A plain DDP job across a two-region lab, without netopt and with its advice applied.
 
-The issue's shape (#22): a 2.0 M-parameter MLP (8 MB of fp32 gradients), Gloo on
+The shape: a 2.0 M-parameter MLP (8 MB of fp32 gradients), Gloo on
 CPU, 4 ranks on a 2 + 2 lab (100 Mbit/s, 70 ms RTT, 0.5% loss each way across
 the border). Both runs are metered by netopt's StepMeter.
 

@@ -6,7 +6,7 @@
         --data packages,images,parquet,tokens,jsonl,random,smallfiles --corpus-dir /var/tmp/corpus
 
 Builds the lab in --topology (default configs/lab/bench-transfer.yaml, hk <-> us:
-100 Mbit/s, 80 ms RTT, 1% loss each way; configs/lab/bench-limit.yaml is issue 14's
+100 Mbit/s, 80 ms RTT, 1% loss each way; configs/lab/bench-limit.yaml is the goals'
 80 Mbit/s, 140 ms RTT, 1% loss), builds the corpus kinds named by --data from real
 files of this machine (scripts/corpus.py; --size-mb each) and fetches each kind,
 a directory, from us-1 to hk-1 with every tool, once with the nodes' default
@@ -32,7 +32,7 @@ predicted time and its error; beside it the cold-start floor: ``iperf3 -P8 -R -n
 moving the kind's bytes at its best ratio over fresh connections (what a perfect
 compressor would send, from slow start), and each tool's seconds against it. A
 summary per kind and mode sets netopt's share
-against issue 14's goal (0.85; 0.95 incompressible; 0.7 for smallfiles) and the
+against the goal (0.85; 0.95 incompressible; 0.7 for smallfiles) and the
 best peer. Every run is bounded by --timeout-s; a run cut short reports its rate
 from the bytes that did arrive (status "timeout"). Needs root.
 
@@ -641,7 +641,7 @@ def cold_floor_s(lab: Lab, mode: str, info: KindInfo, args: argparse.Namespace) 
 
 
 def goal_share(info: KindInfo) -> float:
-    """Issue 14's goal for the kind, as a share of its limit."""
+    """The goal for the kind, as a share of its limit."""
     if info.kind == "smallfiles":
         return 0.7
     return 0.95 if info.incompressible else 0.85
@@ -816,7 +816,7 @@ def main() -> int:
     parser.add_argument(
         "--limit-levels",
         default="1,3",
-        help="zstd levels whose best ratio sets each kind's limit (issue 14 quotes L1/L3; "
+        help="zstd levels whose best ratio sets each kind's limit (the goals quote L1/L3; "
         "the corpus also measures L19)",
     )
     parser.add_argument("--json-out", default=None, help="write the rows here as JSON")

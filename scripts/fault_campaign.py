@@ -788,7 +788,7 @@ def trial_link_cuts(work: Path, cuts_s: tuple[float, ...], data_mb: int) -> Tria
 
 
 FLOWING_GOAL_S = 2.0
-"""Issue 15's goal: data flowing again within 2 s of the link's return."""
+"""The goal: data flowing again within 2 s of the link's return."""
 FLOWING_BYTES = 1_000_000
 """Bytes delivered us -> hk after the restore that count as "data flowing"."""
 

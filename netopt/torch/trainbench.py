@@ -11,7 +11,7 @@
   takes ``batch`` of them. Both runs see the same samples at the same step.
 - Running the ranks (:func:`run_train_ranks`) and summing up a run
   (:func:`summarize`), the cost model's step time (:func:`predicted_step_s`), the
-  goals of issue 22 (:func:`goals`), and the plot (:func:`write_svg`, without
+  training goals (:func:`goals`), and the plot (:func:`write_svg`, without
   matplotlib).
 """
 
@@ -511,7 +511,7 @@ def predicted_step_s(compute_s: float, comm_s: float) -> float:
 
 
 def goals(defaults: RunSummary, netopt: RunSummary, cc: str) -> dict[str, Any]:
-    """Issue 22's goals, each with its measured value and whether it is met."""
+    """The training goals, each with its measured value and whether it is met."""
     ratio = netopt.time_to_n_s / defaults.time_to_n_s if defaults.time_to_n_s else math.nan
     total_ratio = (
         (netopt.time_to_n_s + netopt.setup_s) / (defaults.time_to_n_s + defaults.setup_s)

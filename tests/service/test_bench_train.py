@@ -1,4 +1,4 @@
-"""``netopt bench train`` on loopback (issue 22): a tiny model, 2 ranks, 3 steps.
+"""``netopt bench train`` on loopback: a tiny model, 2 ranks, 3 steps.
 
 Both runs (defaults: plain HTTP reads; netopt: CachedDataset) train real Gloo ranks on
 shards of this machine's text. Same seed, same data order: the first step's loss

@@ -6,7 +6,7 @@ final write (the chunked body's end) finds the transport closing, and aiohttp cl
 the connection under the response still being read: its protocol forgets the
 response's payload before the connection-lost callback could fail it, and the stall
 timer goes with it. Without `streaming.fail_reads_on_close` the next read waited
-forever (issue 14 follow-up: the killed-connection sync test's 300 s hang).
+forever (the killed-connection sync test once hung 300 s).
 
 The server here is raw asyncio over a real socket, so that it can send the last frame
 and its FIN in one segment (``TCP_CORK``): the client then reads the frame and the

@@ -1,5 +1,5 @@
 """The alternating hierarchical PowerSGD hook (one border exchange per bucket and step)
-on four real Gloo ranks, regions 3+1, several DDP buckets (issue 22).
+on four real Gloo ranks, regions 3+1, several DDP buckets.
 
 One start of the four ranks (``alternating_worker.py``) serves every test; each rank
 is bounded by a timeout (the groups by theirs), so a hang fails the test.

@@ -1,4 +1,4 @@
-"""netopt's region-aware gradient syncs over real Gloo ranks (issue 22).
+"""netopt's region-aware gradient syncs over real Gloo ranks.
 
 Four ranks, a 1.7 M-parameter model in uneven 1 MB buckets. The hierarchical
 all-reduce hook, on region layouts 2+2, 3+1, interleaved (a,b,a,b) (the two leaders

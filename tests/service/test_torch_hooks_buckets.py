@@ -1,4 +1,4 @@
-"""Every advised DDP comm hook on a multi-bucket 2 M-parameter model over Gloo (issue 22).
+"""Every advised DDP comm hook on a multi-bucket 2 M-parameter model over Gloo.
 
 PyTorch's ``powerSGD_hook`` aborts ("Received data size doesn't match expected
 size") or hangs on Gloo as soon as DDP has two buckets; the project's earlier

@@ -1,4 +1,4 @@
-"""netopt.torch.StepMeter on a real 2-rank Gloo DDP job fed by a real DataLoader (issue 22)."""
+"""netopt.torch.StepMeter on a real 2-rank Gloo DDP job fed by a real DataLoader."""
 
 from __future__ import annotations
 

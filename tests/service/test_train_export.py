@@ -1,5 +1,5 @@
 """The step meter's totals reach the node's agent (a real one on localhost), and a meter
-whose directory is read-only, full or missing warns once while the loop goes on (issue 22).
+whose directory is read-only, full or missing warns once while the loop goes on.
 
 The meter here runs without torch: its timing of a loop needs none (a fake clock
 gives the steps known parts).

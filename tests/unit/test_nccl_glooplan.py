@@ -1,4 +1,4 @@
-"""Gloo's bucket and PowerSGD rank advice (issue 22): the backward pass simulated,
+"""Gloo's bucket and PowerSGD rank advice: the backward pass simulated,
 each bucket charged Gloo's fixed waits, on the bench lab's links and on a LAN."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure parts of ``netopt bench train`` (issue 22): data order, node order, hook choice,
+"""The pure parts of ``netopt bench train``: data order, node order, hook choice,
 shards from real text, the model's parameter count, the cost model's step."""
 
 from __future__ import annotations
