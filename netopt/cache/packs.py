@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from netopt.durable import commit_failure, gather, run_callbacks
 from netopt.errors import StorageError
 from netopt.fsutil import fsync_dirs
 
-__all__ = ["PACK_TARGET_BYTES", "PackStore"]
+__all__ = ["PACK_TARGET_BYTES", "PackItem", "PackStore"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ COMPACT_LIVE_SHARE = 0.5
 """A sealed pack whose live records are less than this share of it is compacted."""
 COMPACT_MAX_BYTES = 256 * 1024 * 1024
 """Live bytes copied by one `PackStore.compact` at most (the rest waits for the next)."""
+
+
+PackItem = tuple[str, bytes, "Callable[[bool], None] | None"]
+"""A chunk to append: its name, its bytes and its ``on_commit(placed)`` (or None)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +147,19 @@ class PackStore:
         """Append a verified chunk; readable at once, durable after the next batch, when
         ``on_commit(placed)`` runs on the store's thread. StorageError when the disk
         refuses (the pack is then cut back: nothing torn is left in it)."""
-        record = encode_record_header(bytes.fromhex(chunk_id), len(data)) + data
+        self.append_many([(chunk_id, data, on_commit)])
+
+    def append_many(
+        self, items: Sequence[tuple[str, bytes, Callable[[bool], None] | None]]
+    ) -> None:
+        """`append` for several chunks (name, bytes, ``on_commit``) with one write: a
+        tree's small files arrive as groups of small frames, and a write per chunk was
+        half the cost of storing them. All are appended, or none (the pack is cut back)."""
+        if not items:
+            return
+        records = [encode_record_header(bytes.fromhex(cid), len(data)) for cid, data, _ in items]
+        blob = b"".join(part for header, (_, data, _) in zip(records, items, strict=True)
+                        for part in (header, data))  # fmt: skip
         with self._cond:
             while self._error is None and len(self._pending) >= MAX_PENDING_RECORDS:
                 self._cond.wait()
@@ -151,10 +167,10 @@ class PackStore:
                 raise self._error
             if self._closing:
                 raise StorageError(f"{self.name}: the pack store is closed")
-            number, fd = self._writer(len(record))
+            number, fd = self._writer(len(blob))
             start = self._pack_bytes.get(number, 0)
             try:
-                view = memoryview(record)
+                view = memoryview(blob)
                 while view:
                     view = view[os.write(fd, view) :]
             except OSError:
@@ -162,20 +178,23 @@ class PackStore:
                     os.ftruncate(fd, start)
                     os.lseek(fd, start, os.SEEK_SET)
                 raise
-            self._pack_bytes[number] = start + len(record)
-            at = Location(number, start + RECORD_HEADER_BYTES, len(data))
-            moved = self.live.pop(chunk_id, None)
-            if moved is not None:  # compaction: the newer pack wins on open, no tombstone
-                self._live_bytes[moved.pack] -= _record_bytes(moved)
-            self.live[chunk_id] = at
-            self._unplaced.add(at)
-            self._live_bytes[number] = self._live_bytes.get(number, 0) + len(record)
-            self._pending.append(_Pending(chunk_id, at, on_commit))
-            self._added += 1
+            self._pack_bytes[number] = start + len(blob)
+            offset = start
+            for chunk_id, data, on_commit in items:
+                at = Location(number, offset + RECORD_HEADER_BYTES, len(data))
+                offset += RECORD_HEADER_BYTES + len(data)
+                moved = self.live.pop(chunk_id, None)
+                if moved is not None:  # compaction: the newer pack wins on open, no tombstone
+                    self._live_bytes[moved.pack] -= _record_bytes(moved)
+                self.live[chunk_id] = at
+                self._unplaced.add(at)
+                self._pending.append(_Pending(chunk_id, at, on_commit))
+            self._live_bytes[number] = self._live_bytes.get(number, 0) + len(blob)
+            self._added += len(items)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            if len(self._pending) == 1:
+            if len(self._pending) == len(items):
                 self._cond.notify_all()
 
     def _writer(self, record_bytes: int) -> tuple[int, int]:

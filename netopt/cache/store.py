@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +345,47 @@ class Cache:
                 self._forget(chunk_id)
             tmp.unlink(missing_ok=True)
             raise self._store_error(chunk_id, exc) from exc
+
+    def put_many(self, items: Sequence[tuple[str, bytes, Callable[[], None] | None]]) -> None:
+        """`put` for several verified chunks (name, bytes, ``on_placed``): the small ones
+        (under `PACK_MAX_CHUNK_BYTES`) are appended to the active pack with one write
+        (`PackStore.append_many`), the others stored one by one. StorageError as `put`:
+        then none of the small ones is stored."""
+        small: list[tuple[str, bytes, Callable[[], None] | None]] = []
+        for chunk_id, data, on_placed in items:
+            validate_chunk_id(chunk_id)
+            if len(data) >= PACK_MAX_CHUNK_BYTES:
+                self.put(chunk_id, data, on_placed)
+            else:
+                small.append((chunk_id, data, on_placed))
+        with self._lock:
+            fresh: dict[str, tuple[bytes, Callable[[], None] | None]] = {}
+            for chunk_id, data, on_placed in small:
+                if chunk_id not in self.sizes_bytes:
+                    fresh.setdefault(chunk_id, (data, on_placed))
+            if not fresh:
+                return
+            self._make_room(sum(len(data) for data, _ in fresh.values()))
+            for chunk_id, (data, _) in fresh.items():
+                self.sizes_bytes[chunk_id] = len(data)
+                self._used_bytes += len(data)
+        try:
+            with trace.timed("cache_put_pack"):
+                self.packs.append_many([
+                    (chunk_id, data, self._on_packed(chunk_id, on_placed))
+                    for chunk_id, (data, on_placed) in fresh.items()
+                ])  # fmt: skip
+        except (OSError, StorageError) as exc:
+            with self._lock:
+                for chunk_id in fresh:
+                    if not self.packs.holds(chunk_id):
+                        self._forget(chunk_id)
+            raise self._store_error(next(iter(fresh)), exc) from exc
+
+    def _on_packed(
+        self, chunk_id: str, on_placed: Callable[[], None] | None
+    ) -> Callable[[bool], None]:
+        return lambda placed: self._placed_packed(chunk_id, placed, on_placed)
 
     def _put_packed(self, chunk_id: str, data: bytes, on_placed: Callable[[], None] | None) -> None:
         with self._lock:

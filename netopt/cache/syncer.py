@@ -16,7 +16,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,16 +84,32 @@ class CacheSink:
     def blocking_put(self, chunk_id: str) -> Callable[[bytes], None]:
         """`put` as a plain function for a pool thread (made on the loop; see
         `netopt.dataplane.held.BlockingPut`)."""
-        placed: Callable[[], None] | None = None
-        if self.on_placed is not None:
-            loop, report = asyncio.get_running_loop(), self.on_placed
+        placed = self._placed_reporter()(chunk_id)
+        cache = self.cache
+        return lambda data: cache.put(chunk_id, data, placed)
 
+    def blocking_put_group(self) -> Callable[[Sequence[tuple[str, bytes]]], None]:
+        """`blocking_put` for a group of chunks in one call (`Cache.put_many`: one write
+        for the small ones; see `netopt.dataplane.held.GroupPut`)."""
+        placed_for = self._placed_reporter()
+        cache = self.cache
+        return lambda items: cache.put_many([(cid, data, placed_for(cid)) for cid, data in items])
+
+    def _placed_reporter(self) -> Callable[[str], Callable[[], None] | None]:
+        """Made on the loop: chunk name -> what reports it durable (`on_placed` on the
+        loop), None without an ``on_placed``."""
+        if self.on_placed is None:
+            return lambda _chunk_id: None
+        loop, report = asyncio.get_running_loop(), self.on_placed
+
+        def reporter(chunk_id: str) -> Callable[[], None]:
             def placed() -> None:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody asks
                     loop.call_soon_threadsafe(report, chunk_id)
 
-        cache = self.cache
-        return lambda data: cache.put(chunk_id, data, placed)
+            return placed
+
+        return reporter
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from netopt.dataplane.chunkio import ChunkSink
 
-__all__ = ["BlockingPut", "HeldSink", "blocking_put"]
+__all__ = ["BlockingPut", "GroupPut", "HeldSink", "blocking_put", "blocking_put_group"]
 
 BlockingPut = Callable[[str], Callable[[bytes], None]]
 """A sink's optional ``blocking_put(chunk_id)``: called on the loop, it returns a plain
 function that stores the chunk's bytes as `ChunkSink.put` would, safe to run on a pool
 thread (the sync then verifies and stores a chunk in one hand-off)."""
+
+
+GroupPut = Callable[[], Callable[[Sequence[tuple[str, bytes]]], None]]
+"""A sink's optional ``blocking_put_group()``: called on the loop, it returns a plain
+function that stores several chunks (name, bytes) at once, as many `BlockingPut` calls
+would, safe to run on a pool thread; raises for them all when it fails."""
+
+
+def blocking_put_group(sink: ChunkSink) -> GroupPut | None:
+    """``sink``'s `GroupPut` (through a `HeldSink`: its sink's), None when it has none."""
+    maker = getattr(sink.sink if isinstance(sink, HeldSink) else sink, "blocking_put_group", None)
+    return maker if callable(maker) else None
 
 
 def blocking_put(sink: ChunkSink) -> BlockingPut | None:

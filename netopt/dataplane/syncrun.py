@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,7 @@ from netopt.dataplane import trace
 from netopt.dataplane.assemble import ClaimedWrite, FileAssembler, write_claimed
 from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
-from netopt.dataplane.held import HeldSink, blocking_put
+from netopt.dataplane.held import HeldSink, blocking_put, blocking_put_group
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress
 from netopt.errors import (
@@ -136,16 +136,44 @@ files)."""
 
 def _verify_and_store_all(
     received: list[_Received],
+    put_group: Callable[[Sequence[tuple[str, bytes]]], None] | None = None,
 ) -> list[tuple[bytes, list[OSError | None]] | Exception]:
     """`_verify_and_store` for each chunk of a group, in one call; per chunk its result
-    or the exception it raised (one chunk's failure leaves the others' results)."""
-    outcomes: list[tuple[bytes, list[OSError | None]] | Exception] = []
-    for item in received:
+    or the exception it raised (one chunk's failure leaves the others' results). With
+    ``put_group`` (the sink's `netopt.dataplane.held.GroupPut`) the chunks that verify
+    are stored together, before any file is written from them; a failure of that store
+    is every one of theirs."""
+    if put_group is None:
+        outcomes: list[tuple[bytes, list[OSError | None]] | Exception] = []
+        for item in received:
+            try:
+                outcomes.append(_verify_and_store(*item))
+            except Exception as exc:  # handed back to that chunk's bookkeeping on the loop
+                outcomes.append(exc)
+        return outcomes
+    decoded: list[bytes | Exception] = []
+    for raw, chunk_id, length, _, _ in received:
         try:
-            outcomes.append(_verify_and_store(*item))
-        except Exception as exc:  # handed back to that chunk's bookkeeping on the loop
-            outcomes.append(exc)
-    return outcomes
+            decoded.append(decode_chunk(raw, chunk_id, length))
+        except Exception as exc:
+            decoded.append(exc)
+    good = [(item[1], data) for item, data in zip(received, decoded, strict=True)
+            if not isinstance(data, Exception)]  # fmt: skip
+    if good:
+        try:
+            put_group(good)
+        except Exception as exc:
+            decoded = [data if isinstance(data, Exception) else exc for data in decoded]
+    results: list[tuple[bytes, list[OSError | None]] | Exception] = []
+    for (_, _, _, _, claims), data in zip(received, decoded, strict=True):
+        if isinstance(data, Exception):
+            results.append(data)
+            continue
+        try:
+            results.append((data, write_claimed(data, claims) if claims else []))
+        except Exception as exc:
+            results.append(exc)
+    return results
 
 
 class SyncRun:
@@ -170,6 +198,7 @@ class SyncRun:
         self.executor = executor
         self.batcher = ThreadBatcher(executor, options.worker_threads)
         self._blocking_put = blocking_put(sink)
+        self._put_group = blocking_put_group(sink)
         self.lengths = manifest.unique_chunks()
         self.inflight_limit = inflight_limit(self.lengths)
         self.started_s = time.monotonic()
@@ -304,7 +333,8 @@ class SyncRun:
         verified bytes (`FileAssembler.claim`). A stream hands over the small frames
         that arrived together as one group (`netopt.dataplane.streamwork`): one task,
         one call and one progress report for them all instead of one each."""
-        put = self._blocking_put
+        put_group = self._put_group() if self._put_group is not None else None
+        put = self._blocking_put if put_group is None else None
         claims: list[list[FileAssembler]] = []
         received: list[_Received] = []
         weight_bytes = 0
@@ -319,17 +349,17 @@ class SyncRun:
                     writes.append(write)
             claims.append(claimed)
             received.append((raw, chunk_id, length, None if put is None else put(chunk_id), writes))
-            weight_bytes += (int(put is not None) + len(writes)) * length
+            weight_bytes += (int(put is not None or put_group is not None) + len(writes)) * length
         try:
             with trace.timed("decode_await"):
                 # One call verifies, stores (when the sink stores on a thread) and writes
                 # the claimed files, for every chunk of the group: on the loop for a group
                 # of small chunks, else on a pool thread.
                 if weight_bytes <= INLINE_GROUP_BYTES:
-                    outcomes = _verify_and_store_all(received)
+                    outcomes = _verify_and_store_all(received, put_group)
                 else:
                     outcomes = await self.in_thread(
-                        _verify_and_store_all, received, weight_bytes=weight_bytes
+                        _verify_and_store_all, received, put_group, weight_bytes=weight_bytes
                     )
         except BaseException:
             for claimed in claims:
@@ -368,7 +398,7 @@ class SyncRun:
         self.fetched_logical_bytes += len(data)
         if claimed and isinstance(self.sink, HeldSink):
             self.sink.uses[chunk_id] -= len(claimed)  # those files read it already
-        if self._blocking_put is None:
+        if self._blocking_put is None and self._put_group is None:
             with trace.timed("put_await"):
                 await self.sink.put(chunk_id, data)
         elif isinstance(self.sink, HeldSink):

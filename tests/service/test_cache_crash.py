@@ -142,3 +142,38 @@ async def test_full_disk_is_a_clear_error_and_leaves_the_cache_consistent(tmp_pa
             assert report.checked == len(stored) == len(c.sizes_bytes)
     finally:
         umount(mnt)
+
+
+async def test_full_disk_under_a_group_put_stores_none_of_the_group(tmp_path: Path) -> None:
+    # Small chunks stored a group at a time (one write to the pack per group, as a tree's
+    # small frames are) until the disk fills: a clear error, no chunk of the failed
+    # group kept, every earlier group whole after a reopen.
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "2m")
+    try:
+        cache = mnt / "cache"
+        groups = [[os.urandom(3000 + 7 * j + i) for j in range(40)] for i in range(30)]
+        stored: list[str] = []
+        failed: list[str] = []
+        with Cache.open(cache) as c:
+
+            def fill() -> None:
+                nonlocal failed
+                for group in groups:
+                    ids = [chunk_id(blob) for blob in group]
+                    failed = ids
+                    c.put_many([(cid, blob, None) for cid, blob in zip(ids, group, strict=True)])
+                    stored.extend(ids)
+                    c.flush()
+
+            with pytest.raises(StorageError, match="disk is full") as info:
+                fill()
+            assert "cache is consistent" in str(info.value)
+            assert 0 < len(stored) < sum(map(len, groups))
+            assert not any(c.has(cid) for cid in failed)
+        with Cache.open(cache) as c:
+            report = await verify_cache(c)
+            assert report.corrupt == ()
+            assert set(c.sizes_bytes) == set(stored)
+    finally:
+        umount(mnt)

@@ -58,6 +58,41 @@ def test_small_chunks_are_packed_and_read_back_after_reopen(tmp_path: Path) -> N
         assert cache.read(big_id) == big
 
 
+def test_a_group_put_packs_its_small_chunks_in_one_write_and_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunks = _chunks(300, seed=5)
+    big = os.urandom(PACK_MAX_CHUNK_BYTES)
+    big_id = blake3.blake3(big).hexdigest()
+    placed: list[str] = []
+    writes: list[int] = []
+    real_write = os.write
+
+    def counting_write(fd: int, data: bytes | memoryview) -> int:
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    with Cache.open(tmp_path / "c") as cache:
+        cache.put(*chunks[0])  # already stored: skipped by the group
+        items = [(cid, data, lambda cid=cid: placed.append(cid)) for cid, data in chunks[:200]]
+        items.append((chunks[1][0], chunks[1][1], None))  # twice in one group: once stored
+        monkeypatch.setattr(packs_module.os, "write", counting_write)
+        cache.put_many(items)
+        monkeypatch.undo()
+        cache.put_many([(big_id, big, None), *items[:3]])  # large: a chunk file of its own
+        assert len(writes) == 1  # the 199 new small records: one write
+        assert writes[0] == sum(RECORD_HEADER_BYTES + len(d) for _, d in chunks[1:200])
+        assert all(cache.read(cid) == data for cid, data in chunks[:200])  # before durability
+        cache.put_many([(cid, data, None) for cid, data in chunks[200:]])
+        cache.flush()
+        assert sorted(placed) == sorted(cid for cid, _ in chunks[1:200])  # each once, durable
+    with Cache.open(tmp_path / "c") as cache:
+        assert set(cache.sizes_bytes) == {cid for cid, _ in chunks} | {big_id}
+        assert cache.used_bytes == sum(len(d) for _, d in chunks) + len(big)
+        assert all(cache.read(cid) == data for cid, data in chunks)
+        assert cache.read(big_id) == big
+
+
 def test_a_torn_pack_tail_and_a_scrambled_index_lose_only_what_was_not_written(
     tmp_path: Path,
 ) -> None:
