@@ -149,9 +149,7 @@ class PackStore:
         refuses (the pack is then cut back: nothing torn is left in it)."""
         self.append_many([(chunk_id, data, on_commit)])
 
-    def append_many(
-        self, items: Sequence[tuple[str, bytes, Callable[[bool], None] | None]]
-    ) -> None:
+    def append_many(self, items: Sequence[PackItem]) -> None:
         """`append` for several chunks (name, bytes, ``on_commit``) with one write: a
         tree's small files arrive as groups of small frames, and a write per chunk was
         half the cost of storing them. All are appended, or none (the pack is cut back)."""

@@ -314,7 +314,7 @@ class Cache:
                 return
             self._make_room(len(data))
         if len(data) < PACK_MAX_CHUNK_BYTES:
-            self._put_packed(chunk_id, data, on_placed)
+            self._put_packed([(chunk_id, data, on_placed)])
             return
         final = self.chunk_path(chunk_id)
         tmp = self.tmp_dir / f"{chunk_id}.{next(self._tmp_names)}"
@@ -359,16 +359,22 @@ class Cache:
             else:
                 small.append((chunk_id, data, on_placed))
         with self._lock:
-            fresh: dict[str, tuple[bytes, Callable[[], None] | None]] = {}
-            for chunk_id, data, on_placed in small:
-                if chunk_id not in self.sizes_bytes:
-                    fresh.setdefault(chunk_id, (data, on_placed))
-            if not fresh:
-                return
-            self._make_room(sum(len(data) for data, _ in fresh.values()))
-            for chunk_id, (data, _) in fresh.items():
+            self._make_room(sum(len(d) for c, d, _ in small if c not in self.sizes_bytes))
+        self._put_packed(small)
+
+    def _put_packed(self, items: Sequence[tuple[str, bytes, Callable[[], None] | None]]) -> None:
+        """Book and append small chunks to the pack, with one write; the ones already
+        stored (or twice in ``items``) are skipped. On a failure none is kept."""
+        fresh: dict[str, tuple[bytes, Callable[[], None] | None]] = {}
+        with self._lock:
+            for chunk_id, data, on_placed in items:
+                if chunk_id in self.sizes_bytes:  # another thread stored it meanwhile
+                    continue
+                fresh[chunk_id] = (data, on_placed)
                 self.sizes_bytes[chunk_id] = len(data)
                 self._used_bytes += len(data)
+        if not fresh:
+            return
         try:
             with trace.timed("cache_put_pack"):
                 self.packs.append_many([
@@ -385,25 +391,8 @@ class Cache:
     def _on_packed(
         self, chunk_id: str, on_placed: Callable[[], None] | None
     ) -> Callable[[bool], None]:
+        """The pack's ``on_commit`` for ``chunk_id``: `_placed_packed`."""
         return lambda placed: self._placed_packed(chunk_id, placed, on_placed)
-
-    def _put_packed(self, chunk_id: str, data: bytes, on_placed: Callable[[], None] | None) -> None:
-        with self._lock:
-            if chunk_id in self.sizes_bytes:  # another thread stored it meanwhile
-                return
-            self.sizes_bytes[chunk_id] = len(data)
-            self._used_bytes += len(data)
-        try:
-            with trace.timed("cache_put_pack"):
-                self.packs.append(
-                    chunk_id, data,
-                    on_commit=lambda placed: self._placed_packed(chunk_id, placed, on_placed),
-                )  # fmt: skip
-        except (OSError, StorageError) as exc:
-            with self._lock:
-                if not self.packs.holds(chunk_id):
-                    self._forget(chunk_id)
-            raise self._store_error(chunk_id, exc) from exc
 
     def _placed_packed(
         self, chunk_id: str, placed: bool, on_placed: Callable[[], None] | None

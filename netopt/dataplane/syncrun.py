@@ -112,64 +112,48 @@ def retries_exhausted(
     )
 
 
-def _verify_and_store(
-    raw: RawChunk,
-    chunk_id: str,
-    length_bytes: int,
-    put: Callable[[bytes], None] | None,
-    claims: list[ClaimedWrite],
-) -> tuple[bytes, list[OSError | None]]:
-    """Decode and verify a received chunk, store it with ``put`` (None: verify only),
-    then write the claimed one-chunk files from the verified bytes
-    (`netopt.dataplane.assemble.write_claimed`), on a pool thread; nothing is stored or
-    written from a chunk that fails its check."""
-    data = decode_chunk(raw, chunk_id, length_bytes)
-    if put is not None:
-        put(data)
-    return data, write_claimed(data, claims) if claims else []
-
-
 _Received = tuple[RawChunk, str, int, "Callable[[bytes], None] | None", list[ClaimedWrite]]
 """One received chunk to verify and store: (frame, name, length, its blocking put, claimed
 files)."""
+
+_Outcome = tuple[bytes, list[OSError | None]] | Exception
+"""Per chunk of a group: its verified bytes and each claimed file's error (None: handed
+over), or the exception that chunk met."""
 
 
 def _verify_and_store_all(
     received: list[_Received],
     put_group: Callable[[Sequence[tuple[str, bytes]]], None] | None = None,
-) -> list[tuple[bytes, list[OSError | None]] | Exception]:
-    """`_verify_and_store` for each chunk of a group, in one call; per chunk its result
-    or the exception it raised (one chunk's failure leaves the others' results). With
-    ``put_group`` (the sink's `netopt.dataplane.held.GroupPut`) the chunks that verify
-    are stored together, before any file is written from them; a failure of that store
-    is every one of theirs."""
-    if put_group is None:
-        outcomes: list[tuple[bytes, list[OSError | None]] | Exception] = []
-        for item in received:
-            try:
-                outcomes.append(_verify_and_store(*item))
-            except Exception as exc:  # handed back to that chunk's bookkeeping on the loop
-                outcomes.append(exc)
-        return outcomes
-    decoded: list[bytes | Exception] = []
+) -> list[_Outcome]:
+    """Decode and verify each received chunk of a group, store the ones that verify, then
+    write the claimed one-chunk files from the verified bytes
+    (`netopt.dataplane.assemble.write_claimed`), in one call (on the loop or a pool
+    thread). Nothing is stored or written from a chunk that fails its check; one chunk's
+    failure leaves the others' results. With ``put_group`` (the sink's
+    `netopt.dataplane.held.GroupPut`) the chunks are stored together, and a failure of
+    that store is every one of theirs; else each with its own put (None: verify only)."""
+    outcomes: list[bytes | Exception] = []
     for raw, chunk_id, length, _, _ in received:
         try:
-            decoded.append(decode_chunk(raw, chunk_id, length))
-        except Exception as exc:
-            decoded.append(exc)
-    good = [(item[1], data) for item, data in zip(received, decoded, strict=True)
-            if not isinstance(data, Exception)]  # fmt: skip
-    if good:
-        try:
-            put_group(good)
-        except Exception as exc:
-            decoded = [data if isinstance(data, Exception) else exc for data in decoded]
-    results: list[tuple[bytes, list[OSError | None]] | Exception] = []
-    for (_, _, _, _, claims), data in zip(received, decoded, strict=True):
+            outcomes.append(decode_chunk(raw, chunk_id, length))
+        except Exception as exc:  # handed back to that chunk's bookkeeping on the loop
+            outcomes.append(exc)
+    if put_group is not None:
+        good = [(item[1], data) for item, data in zip(received, outcomes, strict=True)
+                if not isinstance(data, Exception)]  # fmt: skip
+        if good:
+            try:
+                put_group(good)
+            except Exception as exc:
+                outcomes = [data if isinstance(data, Exception) else exc for data in outcomes]
+    results: list[_Outcome] = []
+    for (_, _, _, put, claims), data in zip(received, outcomes, strict=True):
         if isinstance(data, Exception):
             results.append(data)
             continue
         try:
+            if put is not None:
+                put(data)
             results.append((data, write_claimed(data, claims) if claims else []))
         except Exception as exc:
             results.append(exc)
@@ -380,7 +364,7 @@ class SyncRun:
         self,
         chunk_id: str,
         claimed: list[FileAssembler],
-        outcome: tuple[bytes, list[OSError | None]] | Exception,
+        outcome: _Outcome,
         on_stored: Callable[[str], None],
     ) -> None:
         """The bookkeeping of one chunk of `process_group` once its pool call is done."""

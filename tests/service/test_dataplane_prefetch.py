@@ -233,20 +233,29 @@ async def _slow_manifest_server(
 COPIES = prefetch.META_COPIES
 
 
+async def _sync_past_slow_manifests(
+    tmp_path: Path, delays_s: list[float], fails: int, timeout_s: float
+) -> list[float]:
+    """Prefetch, then sync (within ``timeout_s``) from `_slow_manifest_server` with
+    ``delays_s`` and ``fails``; the tree must be whole. The manifest requests' arrivals."""
+    files = make_dataset(tmp_path / "src")
+    runner, port, asked = await _slow_manifest_server(tmp_path / "src", delays_s, fails)
+    try:
+        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
+        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=timeout_s)
+        check_tree(tmp_path / "dst", files)
+    finally:
+        await runner.cleanup()
+    return asked
+
+
 async def test_a_stalled_copy_of_a_prefetched_request_holds_nothing_up(tmp_path: Path) -> None:
     # The first manifest request to arrive stalls 5 s (as a request whose packet was
     # lost waits out a retransmission timeout); the prefetch's other copy is answered at
     # once and used: nothing is asked again, and the sync does not wait for the stall.
-    files = make_dataset(tmp_path / "src")
-    runner, port, asked = await _slow_manifest_server(tmp_path / "src", [5.0, 0.0])
-    try:
-        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
-        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=3.0)
-        check_tree(tmp_path / "dst", files)
-        assert len(asked) == COPIES == 2
-        assert prefetch.STATS["meta_used"] == 1
-    finally:
-        await runner.cleanup()
+    asked = await _sync_past_slow_manifests(tmp_path, [5.0, 0.0], 0, 3.0)
+    assert len(asked) == COPIES == 2
+    assert prefetch.STATS["meta_used"] == 1
 
 
 async def test_a_late_prefetched_answer_is_used_when_it_beats_asking_again(
@@ -255,17 +264,10 @@ async def test_a_late_prefetched_answer_is_used_when_it_beats_asking_again(
     # The prefetch's manifest copies come 0.8 s late (both lost a packet on a lossy
     # link), past `take_meta`'s wait: the normal path asks again, and its answer would
     # take 5 s. The prefetch's late answer wins the race; the sync is whole.
-    files = make_dataset(tmp_path / "src")
-    runner, port, asked = await _slow_manifest_server(tmp_path / "src", [0.8] * COPIES + [5.0])
-    try:
-        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
-        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=4.0)
-        check_tree(tmp_path / "dst", files)
-        assert len(asked) > COPIES  # the normal path had asked again
-        assert asked[COPIES] - asked[0] < 0.8  # before the prefetch's answer came
-        assert prefetch.STATS["meta_used"] == 1
-    finally:
-        await runner.cleanup()
+    asked = await _sync_past_slow_manifests(tmp_path, [0.8] * COPIES + [5.0], 0, 4.0)
+    assert len(asked) > COPIES  # the normal path had asked again
+    assert asked[COPIES] - asked[0] < 0.8  # before the prefetch's answer came
+    assert prefetch.STATS["meta_used"] == 1
 
 
 async def test_a_prefetch_that_fails_late_leaves_the_answer_to_the_normal_path(
@@ -273,14 +275,6 @@ async def test_a_prefetch_that_fails_late_leaves_the_answer_to_the_normal_path(
 ) -> None:
     # Every copy of the prefetch's manifest request fails (503) after 0.8 s, past
     # `take_meta`'s wait; the normal path's answer (1.2 s) is used.
-    files = make_dataset(tmp_path / "src")
-    delays_s = [0.8] * COPIES + [1.2]
-    runner, port, asked = await _slow_manifest_server(tmp_path / "src", delays_s, COPIES)
-    try:
-        assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
-        await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=6.0)
-        check_tree(tmp_path / "dst", files)
-        assert len(asked) > COPIES
-        assert prefetch.STATS["meta_used"] == 0
-    finally:
-        await runner.cleanup()
+    asked = await _sync_past_slow_manifests(tmp_path, [0.8] * COPIES + [1.2], COPIES, 6.0)
+    assert len(asked) > COPIES
+    assert prefetch.STATS["meta_used"] == 0
