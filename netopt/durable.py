@@ -32,7 +32,7 @@ from pathlib import Path
 from netopt.errors import StorageError
 from netopt.fsutil import SYNCFS_MIN_FILES, fsync_dirs, in_threads, syncfs
 
-__all__ = ["BatchFlusher", "commit_failure", "gather", "run_callbacks"]
+__all__ = ["BatchFlusher", "backlog_full", "commit_failure", "gather", "run_callbacks"]
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +157,10 @@ class BatchFlusher:
         its filesystem (``st_dev``). ``on_commit(placed)`` runs on the flusher's thread
         afterwards. Waits while the backlog is full; StorageError after a disk failure."""
         with self._cond:
-            while (
-                self._error is None
-                and self._pending
-                and (
-                    len(self._pending) >= MAX_PENDING_FILES
-                    or self._pending_bytes + size_bytes > MAX_PENDING_BYTES
-                )
-            ):
+            while self._error is None and backlog_full(
+                len(self._pending), self._pending_bytes, size_bytes,
+                MAX_PENDING_FILES, MAX_PENDING_BYTES,
+            ):  # fmt: skip
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
@@ -254,6 +250,15 @@ class BatchFlusher:
             for i, ok in zip(indexes, results, strict=True):
                 placed[i] = ok
         return placed
+
+
+def backlog_full(
+    files: int, size_bytes: int, adding_bytes: int, max_files: int, max_bytes: int
+) -> bool:
+    """Whether a writer adding ``adding_bytes`` to a backlog of ``files`` (``size_bytes``)
+    must wait for room: at ``max_files`` files, or past ``max_bytes`` with it (an empty
+    backlog always takes one, however large)."""
+    return files > 0 and (files >= max_files or size_bytes + adding_bytes > max_bytes)
 
 
 def commit_failure(name: str, what: str, exc: Exception) -> StorageError:

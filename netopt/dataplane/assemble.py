@@ -33,6 +33,8 @@ from typing import IO, Any
 
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSink
+from netopt.dataplane.filewrite import create_whole
+from netopt.dataplane.writerproc import WriterProcess
 from netopt.durable import BatchFlusher
 from netopt.errors import IntegrityError, PathTraversalError, StorageError
 from netopt.fsutil import process_umask
@@ -148,39 +150,17 @@ def _write_whole(
     entry: FileEntry,
     flusher: BatchFlusher,
 ) -> None:
-    """Create ``tmp`` with ``parts`` and hand it to ``flusher``; on failure ``tmp`` is gone.
-
-    Plain descriptor calls (no file object), and the mode and mtime are set on the open
-    descriptor here rather than by path in the flusher: a tree of small files pays a few
-    syscalls per file fewer. A mode without read and write for the owner is left to the
-    flusher (it must still open the file to fsync it). The descriptor never outlives this
+    """Create ``tmp`` with ``parts`` (`netopt.dataplane.filewrite.create_whole`) and hand
+    it to ``flusher``; on failure ``tmp`` is gone. The descriptor never outlives this
     call, so a cancelled writer leaks nothing: the file is either handed over whole or
-    removed here (the flusher refuses it once closed).
-
-    The file is created with its mode, so no ``fchmod`` follows unless the umask took
-    bits of it; its device is its directory's (`Placement`), not asked per file."""
+    removed here (the flusher refuses it once closed). Its device is its directory's
+    (`Placement`), not asked per file."""
+    left_mode, left_mtime_ns = create_whole(tmp, parts, entry.mode, entry.mtime_ns, where.umask)
     try:
-        early = entry.mode & 0o600 == 0o600
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(tmp, flags, entry.mode if early else 0o666)
-        try:
-            for data in parts:
-                written = os.write(fd, data)
-                if written < len(data):
-                    view = memoryview(data)[written:]
-                    while view:
-                        view = view[os.write(fd, view) :]
-            if early:
-                if where.umask is None or entry.mode & where.umask:
-                    os.fchmod(fd, entry.mode)
-                os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-        finally:
-            os.close(fd)
         with trace.timed("file_handover"):
             flusher.add(
-                tmp, target, entry.size_bytes, where.dev,
-                mode=None if early else entry.mode, mtime_ns=None if early else entry.mtime_ns,
-            )  # fmt: skip
+                tmp, target, entry.size_bytes, where.dev, mode=left_mode, mtime_ns=left_mtime_ns
+            )
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -192,9 +172,19 @@ ClaimedWrite = tuple[str, str, "Placement", FileEntry, BatchFlusher]
 entry, flusher)."""
 
 
-def write_claimed(data: bytes, claims: list[ClaimedWrite]) -> list[OSError | None]:
-    """On a pool thread: write each claimed one-chunk file from ``data`` (`_write_whole`);
-    per file, None once handed over, else the OSError (its temporary file is gone)."""
+def write_claimed(
+    data: bytes, claims: list[ClaimedWrite], writer: WriterProcess | None = None
+) -> list[OSError | None]:
+    """Write each claimed one-chunk file from ``data`` (`_write_whole`); per file, None
+    once handed over, else the OSError (its temporary file is gone). With ``writer`` the
+    files are handed to that helper process instead (its errors come at its next
+    `WriterProcess.submit` or its flush, as StorageError)."""
+    if writer is not None:
+        writer.submit(
+            [(tmp, target, data, entry.mode, entry.mtime_ns, where.umask, where.dev)
+             for tmp, target, where, entry, _ in claims]
+        )  # fmt: skip
+        return [None] * len(claims)
     errors: list[OSError | None] = []
     for tmp, target, where, entry, flusher in claims:
         try:
@@ -317,19 +307,21 @@ class FileAssembler:
             self._file.close()
             self._file = None
 
+    def whole_from_one_chunk(self) -> bool:
+        """Whether this file is one small chunk, written whole from it (`claim`)."""
+        return len(self.entry.chunks) == 1 and self.entry.size_bytes <= WHOLE_FILE_BYTES
+
     def claim(self, chunk_id: str) -> ClaimedWrite | None:
         """Take this file to be written whole from ``chunk_id``'s bytes, on the pool thread
         that verifies the chunk (`write_claimed`): one hand-off per small file instead of
         one to verify and one to write. None unless the file is that one chunk, small
         (`WHOLE_FILE_BYTES`) and not started; else the write, and `claimed` must follow."""
-        chunks = self.entry.chunks
         if (
-            len(chunks) != 1
-            or chunks[0].chunk_id != chunk_id
+            not self.whole_from_one_chunk()
+            or self.entry.chunks[0].chunk_id != chunk_id
             or self._running
             or self.done
             or self._tmp is not None
-            or self.entry.size_bytes > WHOLE_FILE_BYTES
         ):
             return None
         self._running = True

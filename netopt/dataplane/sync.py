@@ -41,6 +41,7 @@ from netopt.dataplane.held import HeldSink
 from netopt.dataplane.streamwork import part_worker, parts_per_chunk, stream_worker
 from netopt.dataplane.syncrun import SyncRun
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress, SyncSummary
+from netopt.dataplane.writerproc import WriterProcess
 from netopt.durable import BatchFlusher
 from netopt.errors import NetoptError, StorageError
 from netopt.transfer.manifest import FileEntry, Manifest
@@ -228,16 +229,42 @@ async def _fetch_and_write(
             for cid in assembler.needs():
                 users.setdefault(cid, []).append(assembler)
         run.writers = users
+        if _wants_writer_process(opts, assemblers, missing):
+            run.writer = WriterProcess.start()
         trace.mark("writers_ready")
         try:
             with gc_frozen():
                 await _run_workers(run, opts, missing, assemblers, available)
+            if run.writer is not None:
+                with trace.timed("writer_flush"):
+                    await asyncio.to_thread(run.writer.close)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         finally:
             for assembler in assemblers:
                 assembler.abandon()
+            if run.writer is not None:
+                # After a failure: the files it was handed still go into place.
+                with contextlib.suppress(StorageError):
+                    await asyncio.to_thread(run.writer.close)
     return run, len(reused), len(refetched)
+
+
+def _wants_writer_process(
+    opts: SyncOptions, assemblers: list[FileAssembler], missing: dict[str, None]
+) -> bool:
+    """Whether enough small files will be written whole from fetched chunks for a helper
+    process to pay off (`SyncOptions.writer_process_min_files`)."""
+    least = opts.writer_process_min_files
+    if least is None:
+        return False
+    count = 0
+    for assembler in assemblers:
+        if assembler.whole_from_one_chunk() and assembler.entry.chunks[0].chunk_id in missing:
+            count += 1
+            if count >= least:
+                return True
+    return False
 
 
 async def _run_workers(

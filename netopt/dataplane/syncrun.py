@@ -29,6 +29,7 @@ from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_ch
 from netopt.dataplane.held import HeldSink, blocking_put, blocking_put_group
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress
+from netopt.dataplane.writerproc import WriterProcess
 from netopt.errors import (
     IntegrityError,
     NetoptError,
@@ -124,6 +125,7 @@ over), or the exception that chunk met."""
 def _verify_and_store_all(
     received: list[_Received],
     put_group: Callable[[Sequence[tuple[str, bytes]]], None] | None = None,
+    writer: WriterProcess | None = None,
 ) -> list[_Outcome]:
     """Decode and verify each received chunk of a group, store the ones that verify, then
     write the claimed one-chunk files from the verified bytes
@@ -131,7 +133,8 @@ def _verify_and_store_all(
     thread). Nothing is stored or written from a chunk that fails its check; one chunk's
     failure leaves the others' results. With ``put_group`` (the sink's
     `netopt.dataplane.held.GroupPut`) the chunks are stored together, and a failure of
-    that store is every one of theirs; else each with its own put (None: verify only)."""
+    that store is every one of theirs; else each with its own put (None: verify only).
+    With ``writer`` the claimed files go to that helper process (`write_claimed`)."""
     outcomes: list[bytes | Exception] = []
     for raw, chunk_id, length, _, _ in received:
         try:
@@ -154,7 +157,7 @@ def _verify_and_store_all(
         try:
             if put is not None:
                 put(data)
-            results.append((data, write_claimed(data, claims) if claims else []))
+            results.append((data, write_claimed(data, claims, writer) if claims else []))
         except Exception as exc:
             results.append(exc)
     return results
@@ -215,6 +218,8 @@ class SyncRun:
         self.writers: dict[str, list[FileAssembler]] = {}
         """Chunk name -> the files made of it (set by the sync): a small file of one chunk is
         written on the thread that verifies the chunk (`FileAssembler.claim`)."""
+        self.writer: WriterProcess | None = None
+        """The helper process that writes those small files, when the sync started one."""
 
     async def in_thread(self, func: Callable[..., Any], *args: Any, weight_bytes: int = 0) -> Any:
         """Run ``func(*args)`` in the sync's thread pool (sized to the cores), batched with
@@ -340,11 +345,12 @@ class SyncRun:
                 # the claimed files, for every chunk of the group: on the loop for a group
                 # of small chunks, else on a pool thread.
                 if weight_bytes <= INLINE_GROUP_BYTES:
-                    outcomes = _verify_and_store_all(received, put_group)
+                    outcomes = _verify_and_store_all(received, put_group, self.writer)
                 else:
                     outcomes = await self.in_thread(
-                        _verify_and_store_all, received, put_group, weight_bytes=weight_bytes
-                    )
+                        _verify_and_store_all, received, put_group, self.writer,
+                        weight_bytes=weight_bytes,
+                    )  # fmt: skip
         except BaseException:
             for claimed in claims:
                 for assembler in claimed:

@@ -39,6 +39,11 @@ class SyncOptions:
     worker_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     batch_bytes: int = 8 * 1024 * 1024
     """At most this many logical bytes per request; less near the end, to keep streams even."""
+    writer_process_min_files: int | None = 2000
+    """A sync with at least this many small one-chunk files to fetch has them written by
+    a helper process (`netopt.dataplane.writerproc`), not on its event loop; None: never.
+    On loopback a 100,000-file tree of 1-4 KB files took 17% less time with it; below a
+    few thousand files the helper's start (~50 ms) is not paid back."""
     hold_bytes: int = 128 * 1024 * 1024
     """Verified chunks kept in memory until their files are written (no read-back, no re-hash)."""
     stream_ahead_bytes: int = 3 * 1024 * 1024 // 2

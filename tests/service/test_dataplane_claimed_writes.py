@@ -6,7 +6,9 @@ finishes without fetching the stored chunk again.
 Real files: the source reads a real directory (`LocalChunkSource`, one copy of one
 chunk bit-flipped on its way), the sink is the on-disk resume store (`DirChunkSink`:
 it stores on the pool thread, so a chunk is verified, stored and its files written in
-one call, as in a real sync), DEST is a real directory whose writes really fail.
+one call, as in a real sync), DEST is a real directory whose writes really fail. Each
+test runs twice: the files written on the event loop, and by the sync's file writer
+process (a real child process).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from netopt.dataplane import assemble
 from netopt.dataplane.chunkio import DirChunkSink, MemoryChunkSink, RawChunk
 from netopt.dataplane.served import ServedDataset, load_dataset
 from netopt.dataplane.sync import SyncOptions, sync_manifest
+from netopt.dataplane.writerproc import WriterProcess
 from netopt.errors import IntegrityError, StorageError
 from netopt.transfer.manifest import Manifest
 
@@ -89,6 +93,29 @@ def _leftovers(dest: Path) -> list[str]:
     return sorted(p.name for p in dest.rglob("*.netopt-tmp"))
 
 
+@pytest.fixture(params=["loop", "helper"])
+def opts(request: pytest.FixtureRequest) -> SyncOptions:
+    """Each test twice: the small files written on the event loop, and by the sync's file
+    writer process (`netopt.dataplane.writerproc`, whose errors come at its flush)."""
+    return FAST if request.param == "loop" else replace(FAST, writer_process_min_files=1)
+
+
+@pytest.fixture
+def helpers(monkeypatch: pytest.MonkeyPatch) -> list[WriterProcess]:
+    """The file writer processes the syncs started (a spy on the real start)."""
+    started: list[WriterProcess] = []
+    real = WriterProcess.start
+
+    def start() -> WriterProcess | None:
+        helper = real()
+        if helper is not None:
+            started.append(helper)
+        return helper
+
+    monkeypatch.setattr(WriterProcess, "start", staticmethod(start))
+    return started
+
+
 @pytest.fixture
 def claims(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files taken to be written inside the verify call (a spy on the real claim)."""
@@ -106,12 +133,12 @@ def claims(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 async def test_a_corrupt_chunk_is_fetched_again_and_the_file_written_from_the_good_copy(
-    tmp_path: Path, claims: list[str]
+    tmp_path: Path, claims: list[str], opts: SyncOptions, helpers: list[WriterProcess]
 ) -> None:
     files, manifest, victim, source = _served(tmp_path, bad_copies=1)
     sink = DirChunkSink(tmp_path / "store", fsync=False)
     dest = tmp_path / "dest"
-    summary = await sync_manifest(manifest, source, sink, dest, FAST)
+    summary = await sync_manifest(manifest, source, sink, dest, opts)
     assert source.asked[victim] == 2
     assert summary.chunk_retries == 1
     assert summary.files_written == len(files)
@@ -121,18 +148,22 @@ async def test_a_corrupt_chunk_is_fetched_again_and_the_file_written_from_the_go
     assert _leftovers(dest) == []
     # Written inside the verify call: the bad copy's call claimed it too, and wrote nothing.
     assert claims.count("victim/v.bin") == 2
+    if opts.writer_process_min_files == 1:  # every file went through the helper, once
+        assert [h.files for h in helpers] == [len(files)]
+    else:
+        assert helpers == []
 
 
 async def test_a_chunk_that_stays_corrupt_is_never_written_nor_stored(
-    tmp_path: Path, claims: list[str]
+    tmp_path: Path, claims: list[str], opts: SyncOptions
 ) -> None:
-    files, manifest, victim, source = _served(tmp_path, bad_copies=FAST.max_attempts)
+    files, manifest, victim, source = _served(tmp_path, bad_copies=opts.max_attempts)
     dest = tmp_path / "dest"
     sink = DirChunkSink(tmp_path / "store", fsync=False)
     with pytest.raises(IntegrityError):
-        await sync_manifest(manifest, source, sink, dest, FAST)
-    assert source.asked[victim] == FAST.max_attempts
-    assert claims.count("victim/v.bin") == FAST.max_attempts
+        await sync_manifest(manifest, source, sink, dest, opts)
+    assert source.asked[victim] == opts.max_attempts
+    assert claims.count("victim/v.bin") == opts.max_attempts
     # Not in place, not half-written beside it, not in the store.
     assert not (dest / "victim" / "v.bin").exists()
     assert list((dest / "victim").iterdir()) == []
@@ -173,7 +204,7 @@ def immutable() -> Iterator[Immutable]:
 
 
 async def test_a_refused_write_fails_the_sync_and_the_next_sync_finishes_it(
-    tmp_path: Path, claims: list[str], immutable: Immutable
+    tmp_path: Path, claims: list[str], immutable: Immutable, opts: SyncOptions
 ) -> None:
     files, manifest, victim, source = _served(tmp_path, bad_copies=0)
     dest = tmp_path / "dest"
@@ -181,14 +212,14 @@ async def test_a_refused_write_fails_the_sync_and_the_next_sync_finishes_it(
     immutable.set(dest / "victim")
     store = tmp_path / "store"
     with pytest.raises(StorageError, match=r"cannot write .*victim/v\.bin: .*not permitted"):
-        await sync_manifest(manifest, source, DirChunkSink(store, fsync=False), dest, FAST)
+        await sync_manifest(manifest, source, DirChunkSink(store, fsync=False), dest, opts)
     assert "victim/v.bin" in claims
     assert list((dest / "victim").iterdir()) == []
     # The chunk was verified and stored before the write failed: kept for the next sync.
     assert (store / victim).read_bytes() == files["victim/v.bin"]
     immutable.clear(dest / "victim")
     asked_before = source.asked[victim]
-    summary = await sync_manifest(manifest, source, DirChunkSink(store, fsync=False), dest, FAST)
+    summary = await sync_manifest(manifest, source, DirChunkSink(store, fsync=False), dest, opts)
     assert source.asked[victim] == asked_before  # resumed from the store, not fetched
     assert summary.files_written + summary.files_skipped == len(files)
     for rel, data in files.items():
@@ -197,7 +228,7 @@ async def test_a_refused_write_fails_the_sync_and_the_next_sync_finishes_it(
 
 
 async def test_a_write_cut_short_leaves_no_partial_file_and_the_next_sync_finishes_it(
-    tmp_path: Path, claims: list[str]
+    tmp_path: Path, claims: list[str], opts: SyncOptions
 ) -> None:
     """The disk takes part of the file and then refuses (``RLIMIT_FSIZE``: EFBIG, as a
     full disk's ENOSPC would): the partial temporary file is removed, never renamed."""
@@ -210,7 +241,7 @@ async def test_a_write_cut_short_leaves_no_partial_file_and_the_next_sync_finish
     resource.setrlimit(resource.RLIMIT_FSIZE, (big_bytes // 2, hard))
     try:
         with pytest.raises(StorageError, match=r"cannot write .*victim/v\.bin: .*too large"):
-            await sync_manifest(manifest, source, sink, dest, FAST)
+            await sync_manifest(manifest, source, sink, dest, opts)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old_handler)
@@ -219,7 +250,7 @@ async def test_a_write_cut_short_leaves_no_partial_file_and_the_next_sync_finish
     assert _leftovers(dest) == []
     assert os.listdir(dest / "victim") == []
     asked_before = source.asked[victim]
-    await sync_manifest(manifest, source, sink, dest, FAST)
+    await sync_manifest(manifest, source, sink, dest, opts)
     assert source.asked[victim] == asked_before
     for rel, data in files.items():
         assert (dest / rel).read_bytes() == data, rel
