@@ -167,6 +167,12 @@ def _write_whole(
         raise
 
 
+def written_whole(entry: FileEntry) -> bool:
+    """Whether ``entry`` is one small chunk, written whole from its bytes when it arrives
+    (`FileAssembler.claim`, `write_claimed`)."""
+    return len(entry.chunks) == 1 and entry.size_bytes <= WHOLE_FILE_BYTES
+
+
 ClaimedWrite = tuple[str, str, "Placement", FileEntry, BatchFlusher]
 """A whole file to write from one chunk's bytes: (temporary name, target, where it goes,
 entry, flusher)."""
@@ -307,17 +313,13 @@ class FileAssembler:
             self._file.close()
             self._file = None
 
-    def whole_from_one_chunk(self) -> bool:
-        """Whether this file is one small chunk, written whole from it (`claim`)."""
-        return len(self.entry.chunks) == 1 and self.entry.size_bytes <= WHOLE_FILE_BYTES
-
     def claim(self, chunk_id: str) -> ClaimedWrite | None:
         """Take this file to be written whole from ``chunk_id``'s bytes, on the pool thread
         that verifies the chunk (`write_claimed`): one hand-off per small file instead of
         one to verify and one to write. None unless the file is that one chunk, small
         (`WHOLE_FILE_BYTES`) and not started; else the write, and `claimed` must follow."""
         if (
-            not self.whole_from_one_chunk()
+            not written_whole(self.entry)
             or self.entry.chunks[0].chunk_id != chunk_id
             or self._running
             or self.done

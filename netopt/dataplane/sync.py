@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from netopt.dataplane import trace
-from netopt.dataplane.assemble import FileAssembler, OpenFiles, Placement, scan_destination
+from netopt.dataplane.assemble import (
+    FileAssembler,
+    OpenFiles,
+    Placement,
+    scan_destination,
+    written_whole,
+)
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
 from netopt.dataplane.held import HeldSink
 from netopt.dataplane.streamwork import part_worker, parts_per_chunk, stream_worker
@@ -135,20 +141,29 @@ async def sync_manifest(
     opts = options or SyncOptions()
     started_s = time.monotonic()
     trace.mark("sync_start")
-    dest_real, pending, skipped = await asyncio.to_thread(scan_destination, Path(dest), manifest)
-    trace.mark("dest_scanned")
-    uses: Counter[str] = Counter(ref.chunk_id for entry, _, _ in pending for ref in entry.chunks)
-    held = HeldSink(sink, uses, opts.hold_bytes)
+    # Started now, ready by the time the first chunk arrives (it takes ~50 ms).
+    writer = WriterProcess.start() if _wants_writer_process(opts, manifest) else None
     flusher = BatchFlusher("netopt-dest-flush")
     try:
+        dest_real, pending, skipped = await asyncio.to_thread(
+            scan_destination, Path(dest), manifest
+        )
+        trace.mark("dest_scanned")
+        uses = Counter(ref.chunk_id for entry, _, _ in pending for ref in entry.chunks)
+        held = HeldSink(sink, uses, opts.hold_bytes)
         run, reused, refetched = await _fetch_and_write(
-            manifest, source, held, dest_real, pending, opts, flusher, on_progress
+            manifest, source, held, dest_real, pending, opts, flusher, on_progress, writer
         )
         with trace.timed("dest_flush"):
+            if run.writer is not None:
+                await asyncio.to_thread(run.writer.close)
             await asyncio.to_thread(flusher.flush)
     finally:
         # After a failure: the files already complete still go into place (durably);
         # the first error is the one raised.
+        if writer is not None:
+            with contextlib.suppress(StorageError):
+                await asyncio.to_thread(writer.close)
         with contextlib.suppress(StorageError):
             await asyncio.to_thread(flusher.close)
     trace.mark("sync_done")
@@ -176,9 +191,11 @@ async def _fetch_and_write(
     opts: SyncOptions,
     flusher: BatchFlusher,
     on_progress: ProgressCallback | None,
+    writer: WriterProcess | None = None,
 ) -> tuple[SyncRun, int, int]:
-    """Fetch what ``held``'s sink lacks and hand each finished file to ``flusher``; the
-    run, the chunks reused from the sink and the chunks fetched again."""
+    """Fetch what ``held``'s sink lacks and hand each finished file to ``flusher`` (the
+    small ones written whole to ``writer``, once it is ready); the run, the chunks reused
+    from the sink and the chunks fetched again."""
     sink = held.sink
     with ThreadPoolExecutor(max_workers=max(1, opts.worker_threads)) as executor:
         run = SyncRun(manifest, source, held, dest_real, opts, on_progress, executor)
@@ -229,38 +246,31 @@ async def _fetch_and_write(
             for cid in assembler.needs():
                 users.setdefault(cid, []).append(assembler)
         run.writers = users
-        if _wants_writer_process(opts, assemblers, missing):
-            run.writer = WriterProcess.start()
+        if writer is not None and await asyncio.to_thread(writer.ready):
+            run.writer = writer
         trace.mark("writers_ready")
         try:
             with gc_frozen():
                 await _run_workers(run, opts, missing, assemblers, available)
-            if run.writer is not None:
-                with trace.timed("writer_flush"):
-                    await asyncio.to_thread(run.writer.close)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         finally:
             for assembler in assemblers:
                 assembler.abandon()
-            if run.writer is not None:
-                # After a failure: the files it was handed still go into place.
-                with contextlib.suppress(StorageError):
-                    await asyncio.to_thread(run.writer.close)
     return run, len(reused), len(refetched)
 
 
-def _wants_writer_process(
-    opts: SyncOptions, assemblers: list[FileAssembler], missing: dict[str, None]
-) -> bool:
-    """Whether enough small files will be written whole from fetched chunks for a helper
-    process to pay off (`SyncOptions.writer_process_min_files`)."""
+def _wants_writer_process(opts: SyncOptions, manifest: Manifest) -> bool:
+    """Whether the manifest has enough small files written whole from one chunk for a
+    helper process to pay off (`SyncOptions.writer_process_min_files`; counted before the
+    destination is scanned, so a sync that finds them up to date starts one for nothing,
+    which costs it ~50 ms of another core)."""
     least = opts.writer_process_min_files
     if least is None:
         return False
     count = 0
-    for assembler in assemblers:
-        if assembler.whole_from_one_chunk() and assembler.entry.chunks[0].chunk_id in missing:
+    for entry in manifest.files:
+        if written_whole(entry):
             count += 1
             if count >= least:
                 return True

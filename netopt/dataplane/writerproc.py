@@ -62,13 +62,24 @@ PENDING_MAX_FILES = 8192
 PENDING_MAX_BYTES = 32 * 1024 * 1024
 """Files (bytes) queued for the helper and not yet sent beyond which `submit` waits."""
 MESSAGE_MAX_BYTES = 4 * 1024 * 1024
-"""The most file bytes one pipe message carries (the sender splits a longer queue)."""
+"""The most bytes (the files' and their names') one pipe message carries, unless one file
+alone is larger (at most `netopt.dataplane.assemble.WHOLE_FILE_BYTES`, 1 MiB)."""
+MESSAGE_MAX_FILES = 4096
+"""The most files one pipe message carries (a tree may hold thousands of copies of one
+tiny file: their names, not their bytes, make the message)."""
+_ITEM_OVERHEAD_BYTES = 64
+"""What an item costs in a message besides its bytes and names (pickle's framing, its
+numbers), counted generously."""
+READY_WAIT_S = 10.0
+"""How long `WriterProcess.start` waits for the helper to say it is ready."""
 
 _HEADER = struct.Struct("<cI")
-"""A message: its kind (``W`` writes, ``F`` flush; back: ``E`` error, ``F`` flushed) and
+"""A message: its kind (``W`` writes, ``F`` flush; back: ``R`` ready, ``E`` error, ``F``
+flushed) and
 its body's length."""
-_BODY_MAX_BYTES = MESSAGE_MAX_BYTES + 4 * 1024 * 1024
-"""The longest body either side accepts (the files' bytes plus their names)."""
+_BODY_MAX_BYTES = 2 * MESSAGE_MAX_BYTES
+"""The longest body either side accepts: a message of `MESSAGE_MAX_BYTES`, or one file
+over it with its names (paths are at most 4 KiB each)."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -90,11 +101,20 @@ def _send(fd: int, kind: bytes, body: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+class _TooLong(Exception):
+    """A message longer than `_BODY_MAX_BYTES`: not one of ours."""
+
+
 def _receive(fd: int) -> tuple[bytes, bytes]:
+    """The next message; EOFError at the end of input, _TooLong for a body over the bound."""
     kind, length = _HEADER.unpack(_read_exact(fd, _HEADER.size))
     if length > _BODY_MAX_BYTES:
-        raise EOFError  # not a message of ours: treated as the end
+        raise _TooLong(f"a message of {length} bytes (at most {_BODY_MAX_BYTES})")
     return kind, _read_exact(fd, length)
+
+
+def _message_bytes(item: WriteItem) -> int:
+    return len(item[0]) + len(item[1]) + len(item[2]) + _ITEM_OVERHEAD_BYTES
 
 
 class WriterProcess:
@@ -109,6 +129,7 @@ class WriterProcess:
         self._cond = threading.Condition()
         self._pending: list[WriteItem] = []
         self._pending_bytes = 0
+        self._ready = False
         self._flush_asked: list[int] = []
         """Flushes to send once what was queued before them is sent (the sender alone
         writes to the pipe)."""
@@ -140,6 +161,26 @@ class WriterProcess:
             log.debug("no file writer process (%s): the sync writes its files itself", exc)
             return None
         return cls(proc)
+
+    def ready(self, wait_s: float = READY_WAIT_S) -> bool:
+        """Wait until the helper says it is ready (imports done) or `wait_s` passed; False
+        (and the helper ended) when it is not: the sync then writes its files itself."""
+        if self._await_ready(wait_s):
+            return True
+        log.debug("the file writer process did not start: the sync writes its files itself")
+        with contextlib.suppress(StorageError):
+            self.close()
+        return False
+
+    def _await_ready(self, wait_s: float) -> bool:
+        """`ready`'s wait; a helper not ready by then is killed (its reader then notes it).
+        One that failed after it started is left to place what it was handed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._ready or self._error is not None, wait_s)
+            started, ok = self._ready, self._ready and self._error is None
+        if not started:
+            self._proc.kill()
+        return ok
 
     def submit(self, items: Sequence[WriteItem]) -> None:
         """Queue ``items`` for the helper; waits while the queue is full. StorageError once
@@ -187,6 +228,7 @@ class WriterProcess:
             self.flush()
             return
         try:
+            self._await_ready(READY_WAIT_S)  # a helper that never started fails the flush
             self.flush()
         finally:
             with self._cond:
@@ -223,11 +265,15 @@ class WriterProcess:
             if self._flush_asked:
                 return b"F", struct.pack("<Q", self._flush_asked.pop(0))
             return None
-        taken, size_bytes = 0, 0
+        taken, message_bytes, size_bytes = 0, 0, 0
         for item in self._pending:
-            if taken and size_bytes + len(item[2]) > MESSAGE_MAX_BYTES:
+            more_bytes = _message_bytes(item)
+            if taken and (
+                taken >= MESSAGE_MAX_FILES or message_bytes + more_bytes > MESSAGE_MAX_BYTES
+            ):
                 break
             taken += 1
+            message_bytes += more_bytes
             size_bytes += len(item[2])
         batch = self._pending[:taken]
         del self._pending[:taken]
@@ -249,22 +295,30 @@ class WriterProcess:
                     _send(self._to, kind, body)
             except OSError as exc:
                 self._fail(f"the file writer process is gone ({exc.strerror})")
+            except Exception as exc:  # a bug: an error, never a flush waiting forever
+                log.exception("file writer process: sending failed")
+                self._fail(f"the file writer process could not be sent its files ({exc})")
 
     def _read_loop(self) -> None:
         while True:
             try:
                 kind, body = _receive(self._from)
-            except (EOFError, OSError):
+            except (EOFError, OSError, _TooLong):
                 with self._cond:
-                    if not self._closing:
-                        code = self._proc.poll()
-                        self._error = self._error or (
-                            f"the file writer process exited (status {code})"
-                        )
+                    closing = self._closing
+                if not closing:
+                    try:
+                        code: int | None = self._proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    self._fail(f"the file writer process exited (status {code})")
+                with self._cond:
                     self._cond.notify_all()
                 return
             with self._cond:
-                if kind == b"E":
+                if kind == b"R":
+                    self._ready = True
+                elif kind == b"E":
                     self._error = self._error or body.decode("utf-8", "replace")
                 elif kind == b"F" and len(body) >= 8:
                     (serial,) = struct.unpack("<Q", body[:8])
@@ -298,12 +352,16 @@ def _helper(fd_in: int, fd_out: int) -> int:
             error = reason
             _send(fd_out, b"E", reason.encode("utf-8", "replace"))
 
+    _send(fd_out, b"R", b"")
     try:
         while True:
             try:
                 kind, body = _receive(fd_in)
             except EOFError:
                 return 0
+            except _TooLong as exc:
+                fail(f"the file writer process refused {exc}")
+                return 2
             if kind == b"W":
                 # From the process that started this one, over a pipe only they share.
                 items: list[WriteItem] = pickle.loads(body)  # noqa: S301

@@ -19,6 +19,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -252,6 +253,22 @@ async def test_a_write_cut_short_leaves_no_partial_file_and_the_next_sync_finish
     asked_before = source.asked[victim]
     await sync_manifest(manifest, source, sink, dest, opts)
     assert source.asked[victim] == asked_before
+    for rel, data in files.items():
+        assert (dest / rel).read_bytes() == data, rel
+    assert _leftovers(dest) == []
+
+
+async def test_a_helper_that_cannot_start_leaves_the_writes_to_the_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers: list[WriterProcess]
+) -> None:
+    files, manifest, _, source = _served(tmp_path, bad_copies=0)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the helper exits at once
+    dest = tmp_path / "dest"
+    opts = replace(FAST, writer_process_min_files=1)
+    summary = await sync_manifest(manifest, source, MemoryChunkSink(), dest, opts)
+    assert len(helpers) == 1  # started, found not ready, and the sync wrote the files itself
+    assert helpers[0].files == 0
+    assert summary.files_written == len(files)
     for rel, data in files.items():
         assert (dest / rel).read_bytes() == data, rel
     assert _leftovers(dest) == []

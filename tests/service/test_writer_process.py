@@ -198,3 +198,35 @@ def test_a_stalled_helper_makes_submit_wait_instead_of_queueing_more(
     finally:
         os.kill(helper._proc.pid, signal.SIGCONT)
         helper.close()
+
+
+def test_thousands_of_copies_of_one_tiny_file_with_long_names_are_written(tmp_path: Path) -> None:
+    """Names, not bytes, make such a message: it is cut by its names too (a message over
+    the helper's bound used to end it)."""
+    dest = tmp_path / ("d" * 200)
+    dest.mkdir()
+    data = b"1"
+    items = [_item(dest, f"{'n' * 180}{i:05d}", data) for i in range(15_000)]
+    helper = _helper()
+    try:
+        helper.submit(items)  # one call, as a chunk's many files come
+        helper.flush()
+    finally:
+        helper.close()
+    assert helper._proc.returncode == 0
+    names = os.listdir(dest)
+    assert len(names) == len(items)
+    assert all(not name.endswith(".netopt-tmp") for name in names)
+    assert (dest / f"{'n' * 180}14999").read_bytes() == data
+
+
+def test_a_helper_that_cannot_start_says_so_and_is_reaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, exits at once
+    helper = WriterProcess.start()
+    assert helper is not None
+    assert helper.ready(wait_s=5) is False
+    assert helper._proc.returncode is not None
+    with pytest.raises(StorageError):
+        helper.submit([_item(tmp_path, "a", b"x")])
