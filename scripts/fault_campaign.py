@@ -715,12 +715,15 @@ def trial_link_cuts(work: Path, cuts_s: tuple[float, ...], data_mb: int) -> Tria
         t.skipped = "needs root (network namespaces)"
         return t
     from netopt.lab import Lab
+    from netopt.tlsca import issue_server_files
 
     src = work / "src"
     real_tree(src, data_mb << 20)
     want = tree_digest(src)
     with Lab.start(REPO / "configs" / "lab" / "two-region.yaml") as lab:
         addr = {n.name: n.address for n in lab.plan.nodes}
+        # Across the border as users run it: TLS (a throwaway CA) and a token.
+        tls = issue_server_files(work / "tls", "us-1", ips=[addr["us-1"]])
         server = lab.popen(
             "us-1",
             [
@@ -733,8 +736,14 @@ def trial_link_cuts(work: Path, cuts_s: tuple[float, ...], data_mb: int) -> Tria
                 "ds",
                 "--bind",
                 f"{addr['us-1']}:7470",
-                "--no-auth",
+                "--tls-cert",
+                str(tls.cert),
+                "--tls-key",
+                str(tls.key),
+                "--tls-ca",
+                str(tls.ca_cert),
             ],
+            env=env_for(work),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -749,6 +758,8 @@ def trial_link_cuts(work: Path, cuts_s: tuple[float, ...], data_mb: int) -> Tria
                     work / f"cc{i}",
                     "--rate-limit-mbps",
                     "40",
+                    "--tls-ca",
+                    str(tls.ca_cert),
                 )
                 started = time.monotonic()
                 client = lab.popen(
