@@ -71,7 +71,7 @@ def test_bench_allreduce_on_loopback_with_predictions(capsys) -> None:
                  "--min-size", "1KiB", "--max-size", "64KiB", "--factor", "64",
                  "--iters", "2", "--timeout-s", "120", "--json"])  # fmt: skip
     out, err = capsys.readouterr()
-    assert code == 0, err
+    assert code == 0, err + out  # with --json the error is a JSON document on stdout
     document = json.loads(out)
     assert document["ranks"] == 3
     rows = document["rows"]
