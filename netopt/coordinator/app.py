@@ -217,14 +217,19 @@ RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _strict_query(handler: RouteHandler, allowed: frozenset[str]) -> RouteHandler:
-    """``handler`` behind a check that the query holds only the documented parameters
-    (a typo'd ``windw_s`` must not silently fall back to the default)."""
+    """``handler`` behind a check that the query holds only the documented parameters,
+    each at most once (a typo'd ``windw_s`` must not silently fall back to the default,
+    nor ``window_s=1&window_s=x`` be read as its first value: every one is a scalar)."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
         unknown = set(request.query) - allowed
         if unknown:
             names = ", ".join(repr(k[:40]) for k in sorted(unknown)[:5])
             raise RequestInvalid("query", f"unknown parameter(s) {names}")
+        if len(request.query) > len(set(request.query)):
+            repeated = sorted({k for k in request.query if len(request.query.getall(k)) > 1})
+            names = ", ".join(repr(k[:40]) for k in repeated[:5])
+            raise RequestInvalid("query", f"parameter(s) {names} given more than once")
         return await handler(request)
 
     return checked

@@ -118,6 +118,33 @@ def test_a_wrong_method_gets_405_with_allow(server: Server) -> None:
 
 
 @pytest.mark.parametrize(
+    ("query", "status", "says"),
+    [
+        ("window_s=60", 200, None),
+        ("window_s=1&window_s=1", 400, "'window_s' given more than once"),
+        ("window_s=60&window_s=x", 400, "'window_s' given more than once"),
+        ("windw_s=60", 400, "unknown parameter(s) 'windw_s'"),
+    ],
+    ids=["once", "twice-same", "twice-different", "typo"],
+)
+def test_a_query_parameter_is_documented_and_given_once(
+    server: Server, query: str, status: int, says: str | None
+) -> None:
+    """Every documented query parameter is a scalar: a repeated one is refused, not read
+    as its first value (the negative fuzzing sent ``window_s`` as an array)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("GET", f"/api/v1/links?{query}", headers=AUTH)
+        response = conn.getresponse()
+        body = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == status, body
+    if says is not None:
+        assert says in body["message"], body
+
+
+@pytest.mark.parametrize(
     "name", ["ip-10-0-0-1.ec2.internal", "a" * 63, "hk-1"], ids=["eks", "63", "short"]
 )
 def test_the_document_accepts_the_node_names_the_server_accepts(server: Server, name: str) -> None:
