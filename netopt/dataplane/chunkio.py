@@ -49,17 +49,25 @@ __all__ = [
     "part_bounds",
 ]
 
-Codec = Literal["zstd", "identity", "zstd-stream", "zstd-stream-new"]
+Codec = Literal["zstd", "identity", "zstd-stream", "zstd-stream-new", "zstd-bundle"]
 """How a frame's payload is encoded. ``zstd-stream``/``zstd-stream-new``: through the
 stream's own zstd context (`netopt.dataplane.streamctx`), decodable only in the stream's
-order; the stream decodes them and hands on ``identity`` chunks it has verified."""
-STREAM_CODECS: frozenset[Codec] = frozenset({"zstd-stream", "zstd-stream-new"})
+order; the stream decodes them and hands on ``identity`` chunks it has verified.
+``zstd-bundle``: several consecutive chunks of a stream through its context as one piece
+(`netopt.dataplane.streamctx.BUNDLE_HEAD`)."""
+STREAM_CODECS: frozenset[Codec] = frozenset({"zstd-stream", "zstd-stream-new", "zstd-bundle"})
 
 FRAME_HEADER = struct.Struct(">32sBI")
 """A batch response frame: BLAKE3 digest (32 bytes), codec (0 raw, 1 zstd, 2 zstd-stream,
-3 zstd-stream-new), payload length."""
+3 zstd-stream-new, 4 zstd-bundle), payload length. A bundle's digest is its first chunk's."""
 
-_CODEC_BYTES: dict[Codec, int] = {"identity": 0, "zstd": 1, "zstd-stream": 2, "zstd-stream-new": 3}
+_CODEC_BYTES: dict[Codec, int] = {
+    "identity": 0,
+    "zstd": 1,
+    "zstd-stream": 2,
+    "zstd-stream-new": 3,
+    "zstd-bundle": 4,
+}
 _CODEC_NAMES: dict[int, Codec] = {v: k for k, v in _CODEC_BYTES.items()}
 
 

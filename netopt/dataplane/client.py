@@ -365,4 +365,5 @@ def _asked_for(
             )
     source.chunk_parts = info.chunk_parts
     source.stream_context = info.stream_context
+    source.stream_bundles = info.stream_bundles
     return info, manifest

@@ -34,7 +34,7 @@ from netopt.dataplane.manifestcache import ManifestEncodings
 from netopt.dataplane.manifestwire import accepts_zstd
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
-from netopt.dataplane.streamctx import CONTEXT_MAX_CHUNK_BYTES, ContextEncoder
+from netopt.dataplane.streamctx import CONTEXT_MAX_CHUNK_BYTES, ContextEncoder, fits_bundle
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
 from netopt.errors import (
     DatasetChangedError,
@@ -84,13 +84,13 @@ _AHEAD_BYTES = 1024 * 1024
 _AHEAD_MAX = 64
 
 
-def _stream_ahead(sent_payload_bytes: int, sent_frames: int) -> int:
-    """Chunks a stream reads and compresses ahead: about `_AHEAD_BYTES` of the frames it
-    sent so far (their average), between `_AHEAD` and `_AHEAD_MAX` chunks. Small chunks
-    then go to the pool in batches and leave in one write per batch."""
-    if not sent_frames:
+def _stream_ahead(sent_payload_bytes: int, sent_chunks: int) -> int:
+    """Chunks a stream reads and compresses ahead: about `_AHEAD_BYTES` of the chunks it
+    sent so far (their average payload), between `_AHEAD` and `_AHEAD_MAX` chunks. Small
+    chunks then go to the pool in batches and leave in one write per batch."""
+    if not sent_chunks:
         return _AHEAD
-    average_bytes = max(1, sent_payload_bytes // sent_frames)
+    average_bytes = max(1, sent_payload_bytes // sent_chunks)
     return max(_AHEAD, min(_AHEAD_MAX, _AHEAD_BYTES // average_bytes))
 
 
@@ -248,6 +248,7 @@ async def dataset_info(request: web.Request) -> web.Response:
             "precompressed": precompressed,
             "stream_levels": True,
             "stream_context": True,
+            "stream_bundles": True,
             "chunk_parts": MAX_CHUNK_PARTS,
         }
     )
@@ -295,20 +296,50 @@ def _read_and_encode(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes,
     return encode_chunk(ds.read_chunk(chunk_id), level)
 
 
-def _read_and_encode_in_context(
-    ds: DatasetView, chunk_id: str, level: int, context: ContextEncoder
-) -> tuple[bytes, Codec]:
-    """What a stream with a context sends for ``chunk_id``: its stored frame, the raw bytes
-    at level 0, else the bytes through the stream's compressor. A stream's calls run one at
-    a time, in the order its frames are sent (its own `ThreadBatcher` of one job)."""
-    stored = _stored(ds, chunk_id, level)
-    if stored is not None:
-        return stored
-    data = ds.read_chunk(chunk_id)
-    if level <= 0:
-        return encode_chunk(data, level)
-    payload, new = context.encode(data, level)
-    return payload, "zstd-stream-new" if new else "zstd-stream"
+Frame = tuple[str, int, bytes, Codec]
+"""One frame a stream sends: its (first) chunk's name, how many chunks it carries (more
+than one: a ``zstd-bundle``), its payload and codec."""
+
+
+def _frames_alone(ds: DatasetView, chunk_id: str, level: int) -> list[Frame]:
+    """`_read_and_encode` as a stream's frame list."""
+    payload, codec = _read_and_encode(ds, chunk_id, level)
+    return [(chunk_id, 1, payload, codec)]
+
+
+def _frames_in_context(
+    ds: DatasetView, chunk_ids: list[str], level: int, context: ContextEncoder
+) -> list[Frame]:
+    """What a stream with a context sends for ``chunk_ids`` (consecutive, at one level):
+    each one's stored frame, the raw bytes at level 0, else the bytes through the stream's
+    compressor, as one ``zstd-bundle`` for those between stored ones when more than one.
+    A stream's calls run one at a time, in the order its frames are sent (its own
+    `ThreadBatcher` of one job)."""
+    frames: list[Frame] = []
+    names: list[str] = []
+    pieces: list[bytes] = []
+
+    def send_pieces() -> None:
+        if len(pieces) == 1:
+            payload, new = context.encode(pieces[0], level)
+            frames.append((names[0], 1, payload, "zstd-stream-new" if new else "zstd-stream"))
+        elif pieces:
+            payload = context.encode_bundle(pieces, level)
+            frames.append((names[0], len(pieces), payload, "zstd-bundle"))
+        names.clear()
+        pieces.clear()
+
+    for chunk_id in chunk_ids:
+        stored = _stored(ds, chunk_id, level)
+        if stored is None and level > 0:
+            names.append(chunk_id)
+            pieces.append(ds.read_chunk(chunk_id))
+            continue
+        send_pieces()
+        payload, codec = stored if stored is not None else encode_chunk(ds.read_chunk(chunk_id), 0)
+        frames.append((chunk_id, 1, payload, codec))
+    send_pieces()
+    return frames
 
 
 def _read_and_encode_part(
@@ -492,49 +523,67 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
 
     reader = loop.create_task(read_names())
     batcher = request.app[BATCHER]
-    # ``ctx=1``: the stream's chunks share one zstd context (see netopt.dataplane.streamctx).
+    # ``ctx=1``: the stream's chunks share one zstd context (see netopt.dataplane.streamctx);
+    # ``bundle=1`` as well: small chunks already named go through it together.
     context = ContextEncoder() if _stream_context(request) else None
+    bundling = context is not None and request.query.get("bundle") == "1"
     # Its calls run in order, one job at a time (many small chunks per job); larger chunks
     # go to the shared pool, alone (see CONTEXT_MAX_CHUNK_BYTES).
     lane = ThreadBatcher(request.app[EXECUTOR], 1)
-    upcoming: deque[tuple[str, asyncio.Future[tuple[bytes, Codec]]]] = deque()
+    upcoming: deque[tuple[list[str], asyncio.Future[list[Frame]]]] = deque()
+    upcoming_chunks = 0
+    held: tuple[str, int] | None = None  # taken off the queue, not fitting the last bundle
     ended = False
     chunk_id = first[0]
-    sent_bytes = sent_frames = 0
+    sent_bytes = sent_chunks = 0
     try:
         while True:
             # Compress chunks ahead; wait for a name only when idle.
-            ahead = _stream_ahead(sent_bytes, sent_frames)
-            while not ended and len(upcoming) < ahead and (not upcoming or not names.empty()):
-                got = await _next_name(names, reader)
+            ahead = _stream_ahead(sent_bytes, sent_chunks)
+            while (
+                not ended
+                and upcoming_chunks < ahead
+                and (not upcoming or held is not None or not names.empty())
+            ):
+                got = held if held is not None else await _next_name(names, reader)
+                held = None
                 if got is None:
                     ended = True
                     break
                 name, name_level = got
-                future: asyncio.Future[tuple[bytes, Codec]]
+                future: asyncio.Future[list[Frame]]
                 weight_bytes = _weight(ds, name)
+                members = [name]
                 if context is None or weight_bytes >= CONTEXT_MAX_CHUNK_BYTES:
                     future = batcher.submit(
-                        _read_and_encode, ds, name, name_level, weight_bytes=weight_bytes
+                        _frames_alone, ds, name, name_level, weight_bytes=weight_bytes
                     )
                 else:
+                    if bundling and name_level > 0:
+                        # Only names that are here already: a bundle never waits for one.
+                        held, ended = _fill_bundle(ds, names, members, name_level)
+                        weight_bytes = sum(_weight(ds, member) for member in members)
                     future = lane.submit(
-                        _read_and_encode_in_context, ds, name, name_level, context,
+                        _frames_in_context, ds, members, name_level, context,
                         weight_bytes=weight_bytes,
                     )  # fmt: skip
-                upcoming.append((name, future))
+                upcoming.append((members, future))
+                upcoming_chunks += len(members)
             if not upcoming:
                 break
-            # The first frame, and every later one already compressed: one write.
+            # The first frames, and every later one already compressed: one write.
             frames: list[bytes] = []
             while upcoming and (not frames or upcoming[0][1].done()):
-                chunk_id, future = upcoming.popleft()
-                stats.count_chunk(chunk_id)
-                payload, codec = await future
-                frames += (frame_header(chunk_id, codec, len(payload)), payload)
-                stats.payload_bytes_sent += len(payload)
-                sent_bytes += len(payload)
-                sent_frames += 1
+                members, future = upcoming.popleft()
+                upcoming_chunks -= len(members)
+                chunk_id = members[0]
+                for member in members:
+                    stats.count_chunk(member)
+                for first_id, _, payload, codec in await future:
+                    frames += (frame_header(first_id, codec, len(payload)), payload)
+                    stats.payload_bytes_sent += len(payload)
+                    sent_bytes += len(payload)
+                sent_chunks += len(members)
             await resp.write(b"".join(frames))
     except (StorageError, IntegrityError, web.HTTPException) as exc:
         log.warning("stream stopped at chunk %s: %s", chunk_id[:16], exc)
@@ -561,6 +610,28 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
         await resp.write(end_frame(fresh.manifest.manifest_id))
     await resp.write_eof()
     return resp
+
+
+def _fill_bundle(
+    ds: DatasetView,
+    names: asyncio.Queue[tuple[str, int] | None],
+    members: list[str],
+    level: int,
+) -> tuple[tuple[str, int] | None, bool]:
+    """Add to ``members`` (a bundle's first chunk, at ``level``) the names queued now that
+    fit it (`fits_bundle`, the same level); (the name taken that did not fit, True when
+    the names' end was reached)."""
+    bundle_bytes = _weight(ds, members[0])
+    while not names.empty():
+        got = names.get_nowait()
+        if got is None:
+            return None, True
+        weight_bytes = _weight(ds, got[0])
+        if got[1] != level or not fits_bundle(bundle_bytes, len(members), weight_bytes):
+            return got, False
+        members.append(got[0])
+        bundle_bytes += weight_bytes
+    return None, False
 
 
 def _stream_context(request: web.Request) -> bool:

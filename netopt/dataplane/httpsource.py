@@ -186,6 +186,9 @@ class DatasetInfo:
     stream_context: bool = False
     """The server's stream route compresses a stream's chunks in one zstd context
     (``ctx=1``, see `netopt.dataplane.streamctx`)."""
+    stream_bundles: bool = False
+    """The server's stream route sends small chunks ready together as one frame
+    (``bundle=1``, with ``ctx=1``)."""
 
 
 class HttpChunkSource:
@@ -221,6 +224,9 @@ class HttpChunkSource:
         self.stream_context = False
         """Ask streams for one zstd context each (the server's ``stream_context``, set
         once its info is known)."""
+        self.stream_bundles = False
+        """Ask streams with a context for bundles of small chunks (the server's
+        ``stream_bundles``, set once its info is known)."""
         self.rtt_s: float | None = None
         """The round trip to the server (s) once measured (`fetch_info_and_manifest` sets
         it); until then the fastest handshake so far stands in."""
@@ -390,6 +396,8 @@ class HttpChunkSource:
         params = {"level": str(self.zstd_level or 0)}
         if self.stream_context:
             params["ctx"] = "1"
+            if self.stream_bundles:
+                params["bundle"] = "1"
         return _LevelledStream(
             self,
             session,
@@ -594,6 +602,7 @@ class HttpChunkSource:
                 stream_levels=data.get("stream_levels") is True,
                 chunk_parts=_chunk_parts(data.get("chunk_parts")),
                 stream_context=data.get("stream_context") is True,
+                stream_bundles=data.get("stream_bundles") is True,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
@@ -696,15 +705,13 @@ class _LevelledStream(HttpChunkStream):
         self._opened_level = source.zstd_level or 0
         self._per_line = source.adapter is not None
 
-    def ask(self, chunk_id: str) -> None:
+    def ask(self, chunk_id: str, length_bytes: int) -> None:
         level = (self._source.zstd_level or 0) if self._per_line else self._opened_level
         self._source.asked(chunk_id, level)
         if level == self._opened_level:
-            super().ask(chunk_id)
+            super().ask(chunk_id, length_bytes)
             return
-        if self._ended:
-            raise RuntimeError("ask() after the stream ended")
-        self._names.put_nowait(b"%s %d\n" % (chunk_id.encode("ascii"), level))
+        self._put_name(chunk_id, length_bytes, b"%s %d\n" % (chunk_id.encode("ascii"), level))
 
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         raw = await super().next(chunk_id, length_bytes)

@@ -12,9 +12,11 @@ TOKEN`` unless the server was started without a token):
     POST /v1/datasets/{name}/batch?level=N      body {"chunks": [id, ...]}: a stream of
                                                 frames (`chunkio.FRAME_HEADER` + payload)
     POST /v1/datasets/{name}/stream?level=N     body: chunk names, one per line, sent
-         [&ctx=1]                               while the frames come back (full duplex);
+         [&ctx=1[&bundle=1]]                    while the frames come back (full duplex);
                                                 ctx=1: the stream's chunks share one zstd
-                                                context (`netopt.dataplane.streamctx`)
+                                                context (`netopt.dataplane.streamctx`);
+                                                bundle=1: small chunks ready together
+                                                leave as one frame, flushed once
 
 The batch route keeps a connection busy for many chunks (no idle round trip
 between them, no slow-start restart), and compresses the next few chunks while

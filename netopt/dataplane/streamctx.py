@@ -19,6 +19,13 @@ payload begins with a zstd frame header; sent first and after a level change),
 ``zstd-stream`` continues the stream's current one. Raw (``identity``) and stored
 (``zstd``) frames may come between them and do not touch the context.
 
+A stream asked for bundles (the stream route's ``bundle=1``) sends consecutive small chunks
+that were ready together as one ``zstd-bundle`` frame, flushed once (see
+`netopt.transfer.sampling.BUNDLE_MAX_BYTES` for what a flush per chunk costs): its payload
+is `BUNDLE_HEAD` (how many chunks, whether it starts a context) and the blocks of their
+bytes joined. The client knows the names and lengths of what it asked for, in order: the
+bundle decodes to exactly the sum of its chunks' lengths, and each is checked on its own.
+
 The decoder trusts nothing: it walks the payload block by block (3-byte block headers,
 at most `BLOCK_MAX_BYTES` out of each), feeds one block at a time and stops as soon as
 more than the chunk's length came out, so a lying frame never makes it hold more than
@@ -30,22 +37,35 @@ stream whose context went wrong is cut (`ContextError`) before it spoils later c
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import blake3
 import zstandard
 
 from netopt.errors import IntegrityError
-from netopt.transfer.sampling import CONTEXT_MAX_CHUNK_BYTES, STREAM_WINDOW_LOG, stream_compressor
+from netopt.transfer.sampling import (
+    BUNDLE_MAX_BYTES,
+    BUNDLE_MAX_CHUNKS,
+    CONTEXT_MAX_CHUNK_BYTES,
+    STREAM_WINDOW_LOG,
+    fits_bundle,
+    stream_compressor,
+)
 
 __all__ = [
     "BLOCK_MAX_BYTES",
+    "BUNDLE_HEAD",
+    "BUNDLE_MAX_BYTES",
+    "BUNDLE_MAX_CHUNKS",
     "CONTEXT_MAX_CHUNK_BYTES",
     "WINDOW_LOG",
     "WINDOW_MAX_BYTES",
     "ContextDecoder",
     "ContextEncoder",
     "ContextError",
+    "fits_bundle",
 ]
 
 WINDOW_LOG = STREAM_WINDOW_LOG
@@ -55,6 +75,9 @@ WINDOW_MAX_BYTES = 1 << WINDOW_LOG
 """The largest window a peer's frame may declare."""
 BLOCK_MAX_BYTES = 128 * 1024
 """zstd's largest block (what one block decodes to at most)."""
+BUNDLE_HEAD = struct.Struct(">HB")
+"""A ``zstd-bundle`` payload's start: its chunks (2..`BUNDLE_MAX_CHUNKS`), and 1 when it
+starts a context (else 0)."""
 _BLOCK_HEADER_BYTES = 3
 _RAW, _RLE, _COMPRESSED = 0, 1, 2
 
@@ -85,6 +108,14 @@ class ContextEncoder:
         )
         return payload, new
 
+    def encode_bundle(self, pieces: Sequence[bytes], level: int) -> bytes:
+        """A ``zstd-bundle`` payload: ``pieces`` (2..`BUNDLE_MAX_CHUNKS` chunks) through the
+        stream's compressor at ``level`` as one piece, flushed once."""
+        if not 2 <= len(pieces) <= BUNDLE_MAX_CHUNKS:
+            raise ValueError(f"a bundle of {len(pieces)} chunks")
+        payload, new = self.encode(b"".join(pieces), level)
+        return BUNDLE_HEAD.pack(len(pieces), int(new)) + payload
+
 
 @dataclass
 class ContextDecoder:
@@ -96,8 +127,17 @@ class ContextDecoder:
         """Chunk ``chunk_id`` (``length_bytes`` long) from its frame's ``payload``; ``new``:
         the frame starts a context. Raises ContextError for anything but exactly that
         chunk (the context is then unusable: the caller cuts the stream)."""
-        where = f"chunk {chunk_id[:16]}"
-        view = memoryview(payload)
+        return self.decode_bundle(memoryview(payload), new, ((chunk_id, length_bytes),))[0]
+
+    def decode_bundle(
+        self, payload: memoryview, new: bool, chunks: Sequence[tuple[str, int]]
+    ) -> list[bytes]:
+        """``chunks`` (names and lengths, in order) from one payload of their bytes joined
+        (a bundle's, after its `BUNDLE_HEAD`); ContextError unless it decodes to exactly
+        them, each checked against its name."""
+        where = f"chunk {chunks[0][0][:16]}"
+        length_bytes = sum(length for _, length in chunks)
+        view = payload
         pos = 0
         try:
             if new:
@@ -130,10 +170,24 @@ class ContextDecoder:
             self._decompressor = None
             raise
         data = b"".join(parts)
-        if len(data) != length_bytes or blake3.blake3(data).hexdigest() != chunk_id:
+        if len(data) != length_bytes:
             self._decompressor = None
-            raise ContextError(f"{where}: the stream frame does not decode to the chunk")
-        return data
+            raise ContextError(f"{where}: the stream frame does not decode to its chunks")
+        if len(chunks) == 1:
+            pieces = [data]
+        else:
+            whole = memoryview(data)
+            pieces, at = [], 0
+            for _, length in chunks:
+                pieces.append(bytes(whole[at : at + length]))
+                at += length
+        for (chunk_id, _), piece in zip(chunks, pieces, strict=True):
+            if blake3.blake3(piece).hexdigest() != chunk_id:
+                self._decompressor = None
+                raise ContextError(
+                    f"chunk {chunk_id[:16]}: the stream frame does not decode to the chunk"
+                )
+        return pieces
 
 
 def _block_bytes(view: memoryview, pos: int, where: str) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -21,11 +22,17 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import (
     FRAME_HEADER,
     STREAM_CODECS,
+    Codec,
     RawChunk,
     max_frame_bytes,
     parse_frame_header,
 )
-from netopt.dataplane.streamctx import ContextDecoder
+from netopt.dataplane.streamctx import (
+    BUNDLE_HEAD,
+    BUNDLE_MAX_CHUNKS,
+    ContextDecoder,
+    ContextError,
+)
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, TlsError
 from netopt.tlsconf import data_scheme, disconnect_hint, explain_tls_failure
 
@@ -65,8 +72,8 @@ def parse_end_frame(tail: bytes) -> str | None:
 class ChunkStream(Protocol):
     """Chunks asked for one by one over one connection; frames come back in order."""
 
-    def ask(self, chunk_id: str) -> None:
-        """Name the next chunk to send (returns at once)."""
+    def ask(self, chunk_id: str, length_bytes: int) -> None:
+        """Name the next chunk to send, ``length_bytes`` long (returns at once)."""
         ...
 
     def end(self) -> None:
@@ -127,6 +134,11 @@ class HttpChunkStream:
         self._ended = False
         self._broken = False
         self._context = ContextDecoder() if params.get("ctx") == "1" else None
+        self._asked: deque[tuple[str, int]] = deque()
+        """Names and lengths asked for whose frames have not been read, in order: what a
+        bundle's chunks are (the server only says how many)."""
+        self._unpacked: deque[tuple[str, RawChunk]] = deque()
+        """Chunks of a bundle decoded and not yet handed out (all verified)."""
         self._count_buffered = count_buffered
         self._carry = b""
         self._carry_at = 0
@@ -151,10 +163,14 @@ class HttpChunkStream:
             if item is None:
                 return
 
-    def ask(self, chunk_id: str) -> None:
+    def ask(self, chunk_id: str, length_bytes: int) -> None:
+        self._put_name(chunk_id, length_bytes, chunk_id.encode("ascii") + b"\n")
+
+    def _put_name(self, chunk_id: str, length_bytes: int, line: bytes) -> None:
         if self._ended:
             raise RuntimeError("ask() after the stream ended")
-        self._names.put_nowait(chunk_id.encode("ascii") + b"\n")
+        self._asked.append((chunk_id, length_bytes))
+        self._names.put_nowait(line)
 
     def end(self) -> None:
         if not self._ended:
@@ -163,15 +179,23 @@ class HttpChunkStream:
 
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         try:
+            unpacked = self._take_unpacked(chunk_id)
+            if unpacked is not None:
+                return unpacked
             if self._resp is None:
                 trace.mark("first_request")
                 self._ctx = self._session.post(self._url, params=self._params, data=self._body())
                 self._resp = await self._ctx.__aenter__()
                 fail_reads_on_close(self._resp)
                 await self._check_status(self._resp, self._where)
-            raw = await read_frame(self._resp, self._read, chunk_id, length_bytes, self._where)
-            if raw.codec in STREAM_CODECS:
+            raw = await read_frame(
+                self._resp, self._read, chunk_id, length_bytes, self._where, self._bundle_bound
+            )
+            if raw.codec == "zstd-bundle":
+                raw = await self._unbundle(raw, chunk_id)
+            elif raw.codec in STREAM_CODECS:
                 raw = await self._decode_in_context(raw, chunk_id, length_bytes)
+            self._read_asked(chunk_id)
             self.frames_read += 1
             return raw
         except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
@@ -201,6 +225,67 @@ class HttpChunkStream:
         if self._count_buffered is not None:
             self._count_buffered(n_bytes)
 
+    def _take_unpacked(self, chunk_id: str) -> RawChunk | None:
+        """The next chunk of a bundle read already, which must be ``chunk_id``; None when
+        there is none."""
+        if not self._unpacked:
+            return None
+        got_id, raw = self._unpacked.popleft()
+        if got_id != chunk_id:
+            raise RuntimeError(f"frames read out of order: {chunk_id[:16]} before {got_id[:16]}")
+        self._read_asked(chunk_id)
+        self.frames_read += 1
+        return raw
+
+    def _read_asked(self, chunk_id: str) -> None:
+        """``chunk_id``, the oldest name asked for, has been handed out."""
+        if not self._asked or self._asked[0][0] != chunk_id:
+            raise RuntimeError(f"chunk {chunk_id[:16]} read before it was asked for, or twice")
+        self._asked.popleft()
+
+    def _bundle_chunks(self, count: int) -> list[tuple[str, int]]:
+        """The ``count`` chunks a bundle starting at the oldest name asked for carries;
+        ContextError (a bad copy of the first, the end of the stream) for a count this
+        stream cannot have been sent."""
+        if not 2 <= count <= min(BUNDLE_MAX_CHUNKS, len(self._asked)):
+            raise ContextError(
+                f"{self._where}: a bundle of {count} chunks where {len(self._asked)} were "
+                f"asked for (at most {BUNDLE_MAX_CHUNKS})"
+            )
+        return [self._asked[i] for i in range(count)]
+
+    def _bundle_bound(self, count: int) -> int:
+        """The largest payload a bundle of ``count`` chunks may have (head included)."""
+        chunks = self._bundle_chunks(count)
+        return BUNDLE_HEAD.size + max_frame_bytes(sum(length for _, length in chunks))
+
+    async def _unbundle(self, raw: RawChunk, chunk_id: str) -> RawChunk:
+        """A ``zstd-bundle`` frame decoded in the stream's context: its first chunk; the
+        others wait in ``_unpacked``."""
+        if self._context is None:
+            raise ProtocolError(f"{self._where}: a bundle on a stream without a context")
+        count, new = BUNDLE_HEAD.unpack_from(raw.payload)
+        chunks = self._bundle_chunks(count)
+        total_bytes = sum(length for _, length in chunks)
+        body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
+        if total_bytes <= _INLINE_DECODE_BYTES:
+            pieces = self._context.decode_bundle(body, bool(new), chunks)
+        else:
+            pieces = await asyncio.to_thread(self._context.decode_bundle, body, bool(new), chunks)
+        return self._unpack(chunks, pieces, raw.wire_bytes)
+
+    def _unpack(
+        self, chunks: list[tuple[str, int]], pieces: list[bytes], wire_bytes: int
+    ) -> RawChunk:
+        """The first of a bundle's verified ``pieces``; the rest queued. Each is charged
+        its share of the bundle's ``wire_bytes`` by length (the first also the rest)."""
+        total_bytes = max(1, sum(length for _, length in chunks))
+        shares = [wire_bytes * length // total_bytes for _, length in chunks]
+        shares[0] += wire_bytes - sum(shares)
+        for (chunk_id, _), piece, share in zip(chunks[1:], pieces[1:], shares[1:], strict=True):
+            self._unpacked.append((chunk_id, RawChunk(piece, "identity", share, verified=True)))
+        return RawChunk(pieces[0], "identity", shares[0], verified=True)
+
     def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
         """Like `next`, without waiting: the frame of ``chunk_id`` when all of it has
         arrived already, else None (nothing consumed). A tree of small chunks then reads
@@ -219,6 +304,9 @@ class HttpChunkStream:
         ):
             return None
         try:
+            unpacked = self._take_unpacked(chunk_id)
+            if unpacked is not None:
+                return unpacked
             return self._frame_from_carry(resp, chunk_id, length_bytes)
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._broken = True
@@ -236,11 +324,20 @@ class HttpChunkStream:
         if len(self._carry) - self._carry_at < header_bytes:
             return None
         at = self._carry_at
-        try:
-            got_id, codec, payload_bytes = parse_frame_header(self._carry[at : at + header_bytes])
-        except ValueError as exc:
-            raise ProtocolError(f"{self._where}: bad frame header: {exc}") from exc
-        if got_id != chunk_id or payload_bytes > max_frame_bytes(length_bytes):
+        header = self._carry[at : at + header_bytes]
+        codec, payload_bytes = _check_header(header, chunk_id, length_bytes, self._where)
+        if codec == "zstd-bundle":
+            if payload_bytes < BUNDLE_HEAD.size:
+                raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
+            head_end = at + header_bytes + BUNDLE_HEAD.size
+            if head_end > len(self._carry):
+                return None  # the next turn's read brings it
+            count, _ = BUNDLE_HEAD.unpack_from(self._carry, at + header_bytes)
+            if payload_bytes > self._bundle_bound(count):
+                raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
+            if sum(length for _, length in self._bundle_chunks(count)) > _INLINE_DECODE_BYTES:
+                return None  # decoded on a thread: `next`
+        elif payload_bytes > max_frame_bytes(length_bytes):
             raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
         end = at + header_bytes + payload_bytes
         if end > len(self._carry):
@@ -254,10 +351,23 @@ class HttpChunkStream:
         self._consumed(end - at)
         trace.mark_last("last_byte")
         raw = RawChunk(payload, codec, end - at)
-        if codec in STREAM_CODECS:
+        if codec == "zstd-bundle":
+            raw = self._unbundle_inline(raw)
+        elif codec in STREAM_CODECS:
             raw = self._decode_inline(raw, chunk_id, length_bytes)
+        self._read_asked(chunk_id)
         self.frames_read += 1
         return raw
+
+    def _unbundle_inline(self, raw: RawChunk) -> RawChunk:
+        """A small bundle decoded on the loop (see `_unbundle`)."""
+        if self._context is None:
+            raise ProtocolError(f"{self._where}: a bundle on a stream without a context")
+        count, new = BUNDLE_HEAD.unpack_from(raw.payload)
+        chunks = self._bundle_chunks(count)
+        body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
+        pieces = self._context.decode_bundle(body, bool(new), chunks)
+        return self._unpack(chunks, pieces, raw.wire_bytes)
 
     def _take_arrived(self, resp: aiohttp.ClientResponse) -> bool:
         """Append what the response holds now to the carry (at most aiohttp's buffer:
@@ -377,21 +487,40 @@ async def read_frame(
     chunk_id: str,
     length_bytes: int,
     where: str,
+    bundle_bound: Callable[[int], int] | None = None,
 ) -> RawChunk:
     """Read the next frame of a batch or stream response, which must be ``chunk_id``'s
-    (``length_bytes`` long before compression). Raises ProtocolError for a bad or
+    (``length_bytes`` long before compression) or, with ``bundle_bound`` (a stream asked
+    for bundles), a bundle starting with it: ``bundle_bound(count)`` is the largest
+    payload one of ``count`` chunks may have. Raises ProtocolError for a bad or
     unexpected frame, and what ``read_exactly`` raises."""
     header = await read_exactly(resp, FRAME_HEADER.size)
     trace.mark("first_byte")
+    codec, payload_bytes = _check_header(header, chunk_id, length_bytes, where)
+    if codec == "zstd-bundle":
+        if bundle_bound is None or payload_bytes < BUNDLE_HEAD.size:
+            raise ProtocolError(f"{where}: unexpected frame for {chunk_id[:16]}")
+        head = await read_exactly(resp, BUNDLE_HEAD.size)
+        if payload_bytes > bundle_bound(BUNDLE_HEAD.unpack(head)[0]):
+            raise ProtocolError(f"{where}: unexpected frame for {chunk_id[:16]}")
+        payload = head + await read_exactly(resp, payload_bytes - BUNDLE_HEAD.size)
+    elif payload_bytes > max_frame_bytes(length_bytes):
+        raise ProtocolError(f"{where}: unexpected frame for {chunk_id[:16]}")
+    else:
+        payload = await read_exactly(resp, payload_bytes)
+    trace.mark_last("last_byte")
+    return RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
+
+
+def _check_header(header: bytes, chunk_id: str, length_bytes: int, where: str) -> tuple[Codec, int]:
+    """(codec, payload length) of a frame header that must name ``chunk_id``."""
     try:
         got_id, codec, payload_bytes = parse_frame_header(header)
     except ValueError as exc:
         raise ProtocolError(f"{where}: bad frame header: {exc}") from exc
-    if got_id != chunk_id or payload_bytes > max_frame_bytes(length_bytes):
+    if got_id != chunk_id:
         raise ProtocolError(f"{where}: unexpected frame for {chunk_id[:16]}")
-    payload = await read_exactly(resp, payload_bytes)
-    trace.mark_last("last_byte")
-    return RawChunk(payload, codec, payload_bytes + FRAME_HEADER.size)
+    return codec, payload_bytes
 
 
 def map_errors(exc: BaseException, where: str, unreachable: str) -> BaseException:

@@ -41,6 +41,10 @@ MIN_PART_BYTES = 64 * 1024
 chunk into 16, one per warm connection (`prefetch.WARM_CONNECTIONS`)."""
 
 
+_BACKOFF_POLL_S = 0.05
+"""How often a worker waiting (a backoff, idle at the tail) looks at the queue again."""
+
+
 class Asked(deque[str]):
     """One stream's chunks asked for and not yet arrived, and the pace its frames arrive at."""
 
@@ -106,13 +110,13 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
         if chunk_id in run.claimed:
             continue  # another stream's copy arrived meanwhile
         asked.ask(chunk_id, length)
-        stream.ask(chunk_id)
+        stream.ask(chunk_id, length)
     if not asked and not run.queue:
         stolen = _steal(run, asked)
         if stolen is not None:
             run.stolen.setdefault(stolen, asyncio.Event())
             asked.ask(stolen, run.lengths[stolen])
-            stream.ask(stolen)
+            stream.ask(stolen, run.lengths[stolen])
             trace.count("tail_steals")
     if run.queue:
         return False
@@ -283,7 +287,7 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     while run.open_stream is not None and (run.queue or (helping and _lagging(run, None))):
         if not run.queue and _steal(run, None) is None:
             # Idle at the tail: stay while another stream may still need help.
-            await asyncio.sleep(run.options.steal_after_s / 5)
+            await asyncio.sleep(min(run.options.steal_after_s / 5, _BACKOFF_POLL_S))
             continue
         stream = run.open_stream()
         asked = Asked()
@@ -313,12 +317,24 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             failures = 1 if asked.frames else failures + 1
             trace.count("stream_failures")
             log.debug("stream failed (%d in a row): %s", failures, failure)
-            await asyncio.sleep(run.backoff_s(failures))
+            await _back_off(run, run.backoff_s(failures))
     if run.queue:
         await run.worker(on_stored)
     trace.count("streams_ended")
     trace.mark("first_stream_done")
     trace.mark_last("last_stream_done")
+
+
+async def _back_off(run: SyncRun, delay_s: float) -> None:
+    """Wait ``delay_s`` before a failed stream's worker opens another, or less once the
+    queue is empty (the other streams took what the failure put back: there is nothing
+    to open one for, and the sync would otherwise wait out the backoff at its end)."""
+    deadline_s = time.monotonic() + delay_s
+    while True:  # polled: nothing signals "the queue emptied"
+        left_s = deadline_s - time.monotonic()
+        if not run.queue or left_s <= 0:
+            return
+        await asyncio.sleep(min(left_s, _BACKOFF_POLL_S))
 
 
 def parts_per_chunk(run: SyncRun, streams: int, missing: int) -> int:

@@ -28,10 +28,13 @@ from netopt.errors import StorageError
 from netopt.transfer.planner import SampleProfile
 
 __all__ = [
+    "BUNDLE_MAX_BYTES",
+    "BUNDLE_MAX_CHUNKS",
     "CONTEXT_MAX_CHUNK_BYTES",
     "DEFAULT_LEVELS",
     "SAMPLE_RUNS",
     "STREAM_WINDOW_LOG",
+    "fits_bundle",
     "sample_bytes",
     "sample_file",
     "sample_files",
@@ -50,6 +53,14 @@ such a chunk is most of its own history, and zstd compresses it faster alone (a 
 JSON-lines chunk at level 5: 184 MB/s alone, 106 MB/s through a context, same ratio),
 while a tree's small files gain (installed packages at level 3: ratio 2.53 chunk by
 chunk, 2.84 with the chunks under 256 KiB in the context, 2.96 with all of them)."""
+BUNDLE_MAX_BYTES = 64 * 1024
+BUNDLE_MAX_CHUNKS = 64
+"""A stream with a context sends consecutive chunks under `CONTEXT_MAX_CHUNK_BYTES` that are
+ready together as one bundle (one ``zstd-bundle`` frame, see `netopt.dataplane.streamctx`) of
+at most this many bytes and chunks, flushed once: a block flush per 1-4 KB file costs zstd
+a block header and fresh entropy tables each time (100,000 such files at level 3: ratio
+3.97 flushed per file, 4.29 per 16 files, 4.30 per 64) and a third more CPU, and each
+frame's 37-byte header another 5 %."""
 _SLICE_BYTES = 1024 * 1024
 
 
@@ -87,17 +98,41 @@ def sample_bytes(
 
 def _stream_bytes(run: Sequence[bytes], level: int) -> int:
     """``run`` as a stream with a context sends it: pieces under `CONTEXT_MAX_CHUNK_BYTES`
-    through the stream's compressor, flushed after each; longer ones alone."""
+    through the stream's compressor in bundles (`fits_bundle`), flushed after each bundle;
+    longer ones alone."""
     stream = stream_compressor(level)
     alone = zstandard.ZstdCompressor(level=level)
     flush = zstandard.COMPRESSOBJ_FLUSH_BLOCK
     total = 0
+    bundle_bytes = bundle_chunks = 0
     for piece in run:
         if len(piece) >= CONTEXT_MAX_CHUNK_BYTES:
+            if bundle_chunks:
+                total += len(stream.flush(flush))
+                bundle_bytes = bundle_chunks = 0
             total += len(alone.compress(piece))
-        else:
-            total += len(stream.compress(piece)) + len(stream.flush(flush))
+            continue
+        if bundle_chunks and not fits_bundle(bundle_bytes, bundle_chunks, len(piece)):
+            total += len(stream.flush(flush))
+            bundle_bytes = bundle_chunks = 0
+        total += len(stream.compress(piece))
+        bundle_bytes += len(piece)
+        bundle_chunks += 1
+    if bundle_chunks:
+        total += len(stream.flush(flush))
     return total
+
+
+def fits_bundle(bundle_bytes: int, bundle_chunks: int, length_bytes: int) -> bool:
+    """True when a chunk of ``length_bytes`` may join a bundle of ``bundle_chunks`` chunks
+    and ``bundle_bytes`` (see `BUNDLE_MAX_BYTES`); a bundle's first chunk always fits."""
+    if not bundle_chunks:
+        return length_bytes < CONTEXT_MAX_CHUNK_BYTES
+    return (
+        length_bytes < CONTEXT_MAX_CHUNK_BYTES
+        and bundle_chunks < BUNDLE_MAX_CHUNKS
+        and bundle_bytes + length_bytes <= BUNDLE_MAX_BYTES
+    )
 
 
 def _stretch(

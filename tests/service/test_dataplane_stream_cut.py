@@ -91,10 +91,10 @@ async def test_stream_cut_as_its_names_end_fails_the_read() -> None:
         url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
         async with HttpChunkSource(url, options) as source:
             stream = source.open_stream()
-            stream.ask(NAMES[0])
+            stream.ask(NAMES[0], len(PAYLOAD))
             first = await stream.next(NAMES[0], len(PAYLOAD))
-            stream.ask(NAMES[1])
-            stream.ask(NAMES[2])
+            stream.ask(NAMES[1], len(PAYLOAD))
+            stream.ask(NAMES[2], len(PAYLOAD))
             second = await stream.next(NAMES[1], len(PAYLOAD))
             # As the sync engine does once its queue is empty: in the same loop turn
             # as the frame, the stream names nothing more (the body's end is written).

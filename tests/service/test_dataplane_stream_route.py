@@ -49,11 +49,11 @@ async def test_stream_sends_frames_in_the_order_asked(tmp_path: Path) -> None:
         url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
         async with HttpChunkSource(url, CLIENT, zstd_level=3) as source:
             stream = source.open_stream()
-            stream.ask(wanted[0])
-            stream.ask(wanted[1])
+            stream.ask(wanted[0], lengths[wanted[0]])
+            stream.ask(wanted[1], lengths[wanted[1]])
             got = [await stream.next(wanted[0], lengths[wanted[0]])]
             for cid in wanted[2:]:  # names sent while frames are still arriving
-                stream.ask(cid)
+                stream.ask(cid, lengths[cid])
             for cid in wanted[1:]:
                 got.append(await stream.next(cid, lengths[cid]))
             await stream.aclose()
@@ -61,7 +61,7 @@ async def test_stream_sends_frames_in_the_order_asked(tmp_path: Path) -> None:
                 assert len(decode_chunk(raw, cid, lengths[cid])) == lengths[cid]
             # The connection was handed back whole: a second stream on the same session works.
             again = source.open_stream()
-            again.ask(wanted[0])
+            again.ask(wanted[0], lengths[wanted[0]])
             raw = await again.next(wanted[0], lengths[wanted[0]])
             await again.aclose()
             assert len(decode_chunk(raw, wanted[0], lengths[wanted[0]])) == lengths[wanted[0]]
@@ -82,7 +82,7 @@ async def test_stream_refuses_bad_or_unknown_first_name(
         url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
         async with HttpChunkSource(url, CLIENT) as source:
             stream = source.open_stream()
-            stream.ask(name)
+            stream.ask(name, 1024)
             with pytest.raises(ValidationError, match=status):
                 await stream.next(name, 1024)
             await stream.aclose()
@@ -131,13 +131,13 @@ async def test_a_read_cut_for_a_copy_that_arrived_elsewhere_leaves_the_source_us
         url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
         async with HttpChunkSource(url, CLIENT, zstd_level=3) as source:
             stream = source.open_stream()
-            stream.ask(cid)
+            stream.ask(cid, lengths[cid])
             asyncio.get_running_loop().call_soon(arrived.set)
             got = await _unless_arrived_elsewhere(run, stream, cid)  # type: ignore[arg-type]
             assert got is None
             await stream.aclose(complete=False)
             again = source.open_stream()
-            again.ask(cid)
+            again.ask(cid, lengths[cid])
             raw = await again.next(cid, lengths[cid])
             await again.aclose()
             assert len(decode_chunk(raw, cid, lengths[cid])) == lengths[cid]

@@ -85,8 +85,8 @@ async def test_always_corrupt_chunk_is_never_stored(
     tmp_path: Path, monkeypatch, stream_context: bool
 ) -> None:
     """A server that always sends a bad copy of one chunk, compressed chunk by chunk or
-    through the stream's zstd context: the sync fails once the chunk's copies ran out,
-    and nothing unverified is stored."""
+    through the stream's zstd context (alone or in a bundle): the sync fails once the
+    chunk's copies ran out, and nothing unverified is stored."""
     make_dataset(tmp_path / "src")
     runner, port, _, manifest = await start(tmp_path / "src")
     victim = manifest.files[-1].chunks[-1].chunk_id
@@ -108,6 +108,12 @@ async def test_always_corrupt_chunk_is_never_stored(
 
     monkeypatch.setattr(handlers_module, "encode_chunk", corrupting)
     monkeypatch.setattr(handlers_module.ContextEncoder, "encode", corrupting_context)
+    real_bundle = handlers_module.ContextEncoder.encode_bundle
+
+    def corrupting_bundle(self, pieces: list[bytes], level: int):
+        return real_bundle(self, [flipped(piece) for piece in pieces], level)
+
+    monkeypatch.setattr(handlers_module.ContextEncoder, "encode_bundle", corrupting_bundle)
     monkeypatch.setattr(
         handlers_module, "_stream_context", lambda request: stream_context, raising=True
     )

@@ -24,6 +24,7 @@ import zstandard
 from aiohttp import web
 
 from netopt.dataplane.chunkio import frame_header
+from netopt.dataplane.streamctx import BUNDLE_HEAD
 from netopt.transfer.manifest import manifest_from_dict
 from netopt.transfer.profile import cpu_profile_to_dict
 from tests.service.dataplane_helpers import CPU
@@ -159,18 +160,14 @@ def _big_chunk_server() -> Hostile:
     return Hostile(manifest, _info(1, GIB), chunk)
 
 
-def _context_bomb_server() -> Hostile:
-    """A server offering stream contexts whose stream frame for a 1 MiB chunk is a zstd
-    frame header and 1 MiB of 4-byte RLE blocks: 32 GiB once decoded."""
+def _one_chunk_stream_server(frames: bytes, offers: dict[str, bool]) -> Hostile:
+    """A dataset of one 1 MiB chunk whose stream route answers ``frames`` (then a
+    megabyte of zeros 64 times); its info offers ``offers`` (``stream_context``...)."""
     doc = {
         "name": "ds",
         "avg_chunk_bytes": MIB,
         "files": [{"path": "big.bin", "size_bytes": MIB, "chunks": [[CHUNK_ID, MIB]]}],
     }
-    compressor = zstandard.ZstdCompressor(level=1).compressobj()
-    seed = compressor.compress(b"x") + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-    rle_block = (1 << 1 | (128 * 1024) << 3).to_bytes(3, "little") + b"A"
-    payload = seed[: zstandard.frame_header_size(seed)] + rle_block * (MIB // 4)
 
     async def manifest(request: web.Request) -> web.StreamResponse:
         return web.json_response(doc)
@@ -181,15 +178,35 @@ def _context_bomb_server() -> Hostile:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
         await resp.prepare(request)
         try:
-            await resp.write(frame_header(CHUNK_ID, "zstd-stream-new", len(payload)) + payload)
+            await resp.write(frames)
+            for _ in range(64):
+                await resp.write(ZEROS)
             await resp.write_eof()
         except (ConnectionError, RuntimeError):
             pass
         return resp
 
     version = manifest_from_dict(doc).manifest_id
-    info = {**_info(1, MIB), "manifest_id": version, "stream_levels": True, "stream_context": True}
+    info = {**_info(1, MIB), "manifest_id": version, "stream_levels": True, **offers}
     return Hostile(manifest, info, chunk)
+
+
+def _context_bomb_server() -> Hostile:
+    """A server offering stream contexts whose stream frame for a 1 MiB chunk is a zstd
+    frame header and 1 MiB of 4-byte RLE blocks: 32 GiB once decoded."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    seed = compressor.compress(b"x") + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    rle_block = (1 << 1 | (128 * 1024) << 3).to_bytes(3, "little") + b"A"
+    payload = seed[: zstandard.frame_header_size(seed)] + rle_block * (MIB // 4)
+    frames = frame_header(CHUNK_ID, "zstd-stream-new", len(payload)) + payload
+    return _one_chunk_stream_server(frames, {"stream_context": True})
+
+
+def _bundle_server() -> Hostile:
+    """A server offering bundles whose stream answers the one 1 MiB chunk asked for with a
+    bundle of 64 chunks declared a gigabyte long."""
+    frames = frame_header(CHUNK_ID, "zstd-bundle", GIB) + BUNDLE_HEAD.pack(64, 1)
+    return _one_chunk_stream_server(frames, {"stream_context": True, "stream_bundles": True})
 
 
 async def _serve(hostile: Hostile) -> tuple[web.AppRunner, int]:
@@ -286,6 +303,7 @@ it read 754 MB for a sync whose own peak is 78 MB."""
         pytest.param(_entries_server, "bytes expected", id="million-entry-manifest"),
         pytest.param(_big_chunk_server, "chunk of 1073741824 bytes", id="gigabyte-chunk"),
         pytest.param(_context_bomb_server, "decodes to more than", id="stream-context-bomb"),
+        pytest.param(_bundle_server, "a bundle of 64 chunks", id="stream-bundle-of-64"),
     ],
 )
 async def test_sync_refuses_oversized_answers_in_bounded_memory(

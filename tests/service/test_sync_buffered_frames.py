@@ -1,7 +1,7 @@
 """The small frames that arrive together are read in one go (`HttpChunkStream.next_buffered`)
 and stored as one group (`SyncRun.process_group`): a real localhost server, a tree of
 small files, and a bad copy in the middle of what arrived, compressed chunk by chunk or
-through the stream's zstd context."""
+through the stream's zstd context (in bundles)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,14 @@ async def test_a_bad_copy_among_frames_read_together_is_fetched_again_alone(
         return real_context(self, spoil(data), level)
 
     monkeypatch.setattr(handlers_module.ContextEncoder, "encode", spoiling_context)
+    real_bundle = handlers_module.ContextEncoder.encode_bundle
+
+    def spoiling_bundle(self: handlers_module.ContextEncoder, pieces: list[bytes], level: int):
+        bundled.append(len(pieces))
+        return real_bundle(self, [spoil(piece) for piece in pieces], level)
+
+    bundled: list[int] = []
+    monkeypatch.setattr(handlers_module.ContextEncoder, "encode_bundle", spoiling_bundle)
     monkeypatch.setattr(handlers_module, "_stream_context", lambda request: stream_context)
     buffered: list[str] = []
     real_buffered = HttpChunkStream.next_buffered
@@ -85,6 +93,7 @@ async def test_a_bad_copy_among_frames_read_together_is_fetched_again_alone(
         again = {name for name in ids if stats.chunk_requests[name] > 1}
         assert max(stats.chunk_requests[name] for name in ids) == 2
         if stream_context:
+            assert sum(bundled) > len(files) // 2  # most chunks left in bundles
             # A bad copy cuts a context stream (what followed it cannot be decoded): the
             # frames sent behind it on that stream are asked for again, nothing else.
             assert victims <= again
@@ -93,6 +102,7 @@ async def test_a_bad_copy_among_frames_read_together_is_fetched_again_alone(
             # The good frames of the bad copy's group were stored from it.
             assert again == victims
             assert summary.chunk_retries == 2
+            assert not bundled
         assert summary.files_written == len(files)
         assert not (dest / STATE_DIR_NAME).exists()
     finally:

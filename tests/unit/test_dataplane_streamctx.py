@@ -13,12 +13,17 @@ import zstandard
 from netopt.dataplane.chunkio import RawChunk, decode_chunk
 from netopt.dataplane.streamctx import (
     BLOCK_MAX_BYTES,
+    BUNDLE_HEAD,
+    BUNDLE_MAX_BYTES,
+    BUNDLE_MAX_CHUNKS,
     WINDOW_LOG,
     ContextDecoder,
     ContextEncoder,
     ContextError,
+    fits_bundle,
 )
 from netopt.errors import IntegrityError
+from netopt.transfer.sampling import _stream_bytes
 
 
 def _real_files() -> list[bytes]:
@@ -140,3 +145,83 @@ def test_a_verified_identity_chunk_is_not_hashed_again_but_others_are() -> None:
     assert decode_chunk(RawChunk(data, "identity", 10, verified=True), name, len(data)) == data
     with pytest.raises(IntegrityError, match="BLAKE3"):
         decode_chunk(RawChunk(data, "identity", 10), "0" * 64, len(data))
+
+
+def _bundles(chunks: list[bytes]) -> list[list[bytes]]:
+    """``chunks`` cut into bundles as a server cuts what it has queued (`fits_bundle`)."""
+    bundles: list[list[bytes]] = []
+    for data in chunks:
+        if bundles and fits_bundle(sum(map(len, bundles[-1])), len(bundles[-1]), len(data)):
+            bundles[-1].append(data)
+        else:
+            bundles.append([data])
+    return bundles
+
+
+def test_bundles_of_real_files_round_trip_smaller_than_a_flush_per_chunk() -> None:
+    chunks = [c for c in _real_files() if len(c) < 8 * 1024][:600]
+    bundles = _bundles(chunks)
+    assert max(map(len, bundles)) > 8  # small files share bundles
+    assert all(sum(map(len, b)) <= BUNDLE_MAX_BYTES or len(b) == 1 for b in bundles)
+    encoder, decoder = ContextEncoder(), ContextDecoder()
+    bundled_bytes = 0
+    for index, bundle in enumerate(bundles):
+        if len(bundle) == 1:
+            payload, new = encoder.encode(bundle[0], 3)
+            assert decoder.decode(payload, new, _name(bundle[0]), len(bundle[0])) == bundle[0]
+            bundled_bytes += len(payload)
+            continue
+        payload = encoder.encode_bundle(bundle, 3)
+        count, new = BUNDLE_HEAD.unpack_from(payload)
+        assert (count, bool(new)) == (len(bundle), index == 0)
+        body = memoryview(payload)[BUNDLE_HEAD.size :]
+        pieces = decoder.decode_bundle(body, bool(new), [(_name(c), len(c)) for c in bundle])
+        assert pieces == bundle
+        bundled_bytes += len(payload) - BUNDLE_HEAD.size
+    # What the plan's sample measures is what the stream sends.
+    assert bundled_bytes == _stream_bytes(chunks, 3)
+    flushed = ContextEncoder()
+    per_chunk = sum(len(flushed.encode(c, 3)[0]) for c in chunks)
+    assert bundled_bytes < per_chunk * 0.97
+
+
+def test_a_bundle_with_a_wrong_chunk_names_it_and_spoils_the_context() -> None:
+    chunks = [c for c in _real_files() if len(c) < 4 * 1024][:5]
+    payload = ContextEncoder().encode_bundle(chunks, 3)
+    body = memoryview(payload)[BUNDLE_HEAD.size :]
+    named = [(_name(c), len(c)) for c in chunks]
+    named[3] = (_name(b"something else"), len(chunks[3]))
+    decoder = ContextDecoder()
+    with pytest.raises(ContextError, match=f"chunk {named[3][0][:16]}"):
+        decoder.decode_bundle(body, True, named)
+    with pytest.raises(ContextError, match="before its context"):
+        decoder.decode_bundle(body[10:], False, named)
+    # Lengths that do not add up to what the bundle holds: a bad copy, not a crash.
+    short = [(_name(c), len(c)) for c in chunks]
+    short[-1] = (short[-1][0], len(chunks[-1]) - 1)
+    with pytest.raises(ContextError, match="decodes to more than"):
+        ContextDecoder().decode_bundle(body, True, short)
+
+
+def test_a_bundle_bomb_is_refused_with_bounded_memory() -> None:
+    seed = ContextEncoder().encode(b"x", 1)[0]
+    header = seed[: zstandard.frame_header_size(seed)]
+    body = memoryview(
+        header + _block(1, BLOCK_MAX_BYTES) + b"A" * 1 + _block(1, BLOCK_MAX_BYTES) * 4096
+    )
+    chunks = [(_name(b"a" * 1000), 1000), (_name(b"b" * 1000), 1000)]
+    tracemalloc.start()
+    try:
+        with pytest.raises(ContextError):
+            ContextDecoder().decode_bundle(body, True, chunks)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * BLOCK_MAX_BYTES
+
+
+def test_a_bundle_outside_its_count_range_is_not_encoded() -> None:
+    with pytest.raises(ValueError, match="bundle of 1"):
+        ContextEncoder().encode_bundle([b"one"], 3)
+    with pytest.raises(ValueError, match="bundle of 65"):
+        ContextEncoder().encode_bundle([b"x"] * (BUNDLE_MAX_CHUNKS + 1), 3)

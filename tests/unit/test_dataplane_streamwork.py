@@ -50,7 +50,7 @@ class FakeStream:
         self.ended = False
         self.cancelled_in_frame = False
 
-    def ask(self, chunk_id: str) -> None:
+    def ask(self, chunk_id: str, length_bytes: int) -> None:
         assert not self.ended, "ask() after end()"
         self.asked.append(chunk_id)
 
