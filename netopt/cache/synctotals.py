@@ -155,6 +155,8 @@ def record_sync(
     now = time.time() if now_s is None else now_s
     run = replace(run, last_run_s=now, last_success_s=now if run.runs_ok else 0.0)
     root = Path(cache_dir)
+    if not root.is_dir():
+        return False  # no cache yet (a sync that failed before making it): nothing to add to
     try:
         fd = os.open(root / f"{TOTALS_FILE}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:

@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from netopt.nccl.costmodel import Fabric, fabric_from_links
 from netopt.nccl.model import Advice, LinkFigures, Nic, NodeInfo, TuneOptions
 from netopt.nccl.rankorder import rank_order
 from netopt.torch.labfigures import lab_link_figures, lab_nodes
+from netopt.torch.rendezvous import rendezvous_port
 from netopt.torch.trainbench import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -162,18 +162,11 @@ def _local_http(directory: Path) -> Iterator[str]:
         server.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _run_loopback_ranks(
     world: int, flags: dict[str, Any], timeout_s: float
 ) -> list[dict[str, Any]]:
     for attempt in range(3):
-        master = f"127.0.0.1:{_free_port()}"
+        master = f"127.0.0.1:{rendezvous_port()}"
 
         def argv_for(rank: int) -> list[str]:
             return worker_argv(rank, world, master, {**flags, "ifname": "lo"})  # noqa: B023

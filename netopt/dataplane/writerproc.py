@@ -74,9 +74,8 @@ READY_WAIT_S = 10.0
 """How long `WriterProcess.start` waits for the helper to say it is ready."""
 
 _HEADER = struct.Struct("<cI")
-"""A message: its kind (``W`` writes, ``F`` flush; back: ``R`` ready, ``E`` error, ``F``
-flushed) and
-its body's length."""
+"""A message: its kind (``W`` writes, ``F`` flush, ``Q`` quit; back: ``R`` ready, ``E``
+error, ``F`` flushed) and its body's length."""
 _BODY_MAX_BYTES = 2 * MESSAGE_MAX_BYTES
 """The longest body either side accepts: a message of `MESSAGE_MAX_BYTES`, or one file
 over it with its names (paths are at most 4 KiB each)."""
@@ -237,6 +236,11 @@ class WriterProcess:
             self._sender.join()
             if self._proc.stdin is not None:
                 with contextlib.suppress(OSError):
+                    # "Quit", then the end of input: a process forked from this one
+                    # (without exec) holds the pipe open, and the helper would never
+                    # see its end.
+                    _send(self._proc.stdin.fileno(), b"Q", b"")
+                with contextlib.suppress(OSError):
                     self._proc.stdin.close()  # the helper's end of input: it flushes, exits
             try:
                 self._proc.wait(timeout=30)
@@ -362,6 +366,8 @@ def _helper(fd_in: int, fd_out: int) -> int:
             except _TooLong as exc:
                 fail(f"the file writer process refused {exc}")
                 return 2
+            if kind == b"Q":
+                return 0
             if kind == b"W":
                 # From the process that started this one, over a pipe only they share.
                 items: list[WriteItem] = pickle.loads(body)  # noqa: S301

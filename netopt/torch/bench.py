@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 from netopt.errors import NetworkError, ValidationError
 from netopt.nccl.costmodel import Fabric, predict
 from netopt.torch.bench_worker import RESULT_PREFIX
+from netopt.torch.rendezvous import rendezvous_port
 
 __all__ = [
     "BenchReport",
@@ -182,13 +182,6 @@ _POLL_S = 0.05
 """How often `run_allreduce` looks for a failed rank."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def run_loopback(
     ranks: int,
     sizes: Sequence[int],
@@ -201,7 +194,7 @@ def run_loopback(
     """All ranks as local processes over loopback (127.0.0.1, Gloo on ``lo``)."""
     if ranks < 2:
         raise ValidationError("an all-reduce bench needs at least 2 ranks")
-    master = f"127.0.0.1:{_free_port()}"
+    master = f"127.0.0.1:{rendezvous_port()}"
 
     def argv_for(rank: int) -> list[str]:
         return worker_argv(rank, ranks, master, sizes, iters=iters, warmup=warmup,

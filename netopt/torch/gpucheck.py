@@ -52,6 +52,7 @@ from netopt.torch.gpucheck_report import (
 )
 from netopt.torch.gpucheck_worker import RESULT_PREFIX
 from netopt.torch.nccllog import EnvCheck, check_env_log, loaded_variables, merge_checks, parse_env0
+from netopt.torch.rendezvous import rendezvous_port
 
 __all__ = ["CheckRun", "load_env_file", "main", "run_check"]
 
@@ -117,13 +118,6 @@ def _run(
 
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def load_env_file(directory: Path, name: str = ENV_FILE, timeout_s: float = 10.0) -> dict[str, str]:
@@ -208,7 +202,7 @@ def _loaded_argv(argv: Sequence[str], with_env: bool) -> list[str]:
 
 def _rank1(run: CheckRun, timeout_s: float) -> list[StepResult]:
     worker_timeout_s = str(int(max(10, timeout_s - 10)))
-    argv = [sys.executable, "-m", "netopt.torch.gpucheck_worker", "--port", str(_free_port()),
+    argv = [sys.executable, "-m", "netopt.torch.gpucheck_worker", "--port", str(rendezvous_port()),
             "--timeout-s", worker_timeout_s, *(["--cpu"] if run.cpu else [])]  # fmt: skip
     env = {**os.environ, **_DEBUG_ENV}
     rc, out = _run(_loaded_argv(argv, True), timeout_s, cwd=run.out_dir, env=env)
@@ -306,7 +300,7 @@ def _busbw(run: CheckRun, timeout_s: float) -> StepResult:
         )
     per_run_s = timeout_s / len(runs)
     for label, with_env, extra in runs:
-        master = f"127.0.0.1:{_free_port()}"
+        master = f"127.0.0.1:{rendezvous_port()}"
         logs = [run.out_dir / f"busbw-{label}.rank{r}.log" for r in range(2)]
 
         def argv_for(rank: int, master: str = master, with_env: bool = with_env) -> list[str]:

@@ -230,3 +230,25 @@ def test_a_helper_that_cannot_start_says_so_and_is_reaped(
     assert helper._proc.returncode is not None
     with pytest.raises(StorageError):
         helper.submit([_item(tmp_path, "a", b"x")])
+
+
+def test_a_forked_child_holding_the_pipe_does_not_hold_up_close(tmp_path: Path) -> None:
+    """A process forked without exec (a data loader's worker) keeps a copy of the pipe to
+    the helper: the helper is told to quit, it does not wait for the pipe's end."""
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    helper = _helper()
+    assert helper.ready()
+    _submit_and_flush(helper, [_item(dest, "a", b"alpha")])
+    child = os.fork()
+    if child == 0:  # the copy: holds every descriptor, does nothing
+        time.sleep(60)
+        os._exit(0)
+    try:
+        started_s = time.monotonic()
+        helper.close()
+        assert time.monotonic() - started_s < 5.0
+        assert (dest / "a").read_bytes() == b"alpha"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)

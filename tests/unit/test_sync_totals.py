@@ -82,11 +82,13 @@ def test_an_oversized_file_is_not_read(tmp_path: Path) -> None:
 
 
 def test_a_read_only_cache_never_fails_the_sync(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(synctotals, "_warned", False)  # warned once per process
     if os.geteuid() == 0:
-        missing = tmp_path / "gone"  # root ignores modes: a missing directory fails alike
-        assert not record_sync(missing, "ds", SyncTotals(runs_ok=1))
+        # Root ignores modes: a lock that cannot be opened fails alike.
+        (tmp_path / f"{TOTALS_FILE}.lock").mkdir()
+        assert not record_sync(tmp_path, "ds", SyncTotals(runs_ok=1))
     else:
         tmp_path.chmod(0o500)
         try:
@@ -94,3 +96,14 @@ def test_a_read_only_cache_never_fails_the_sync(
         finally:
             tmp_path.chmod(0o700)
     assert not record_sync(tmp_path, "../bad name", SyncTotals(runs_ok=1))
+    assert "sync totals not recorded" in caplog.text
+
+
+def test_no_cache_directory_is_no_totals_and_no_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(synctotals, "_warned", False)
+    missing = tmp_path / "never-made"
+    assert not record_sync(missing, "ds", SyncTotals(runs_failed=1))
+    assert not missing.exists()
+    assert "sync totals not recorded" not in caplog.text
