@@ -87,6 +87,11 @@ class ContextError(IntegrityError):
     chunk (charged as one), and the end of the stream, whose context is now unusable: its
     chunks are asked for again on a fresh stream, with a fresh context."""
 
+    def __init__(self, message: str, chunk_id: str | None = None) -> None:
+        super().__init__(message)
+        self.chunk_id = chunk_id
+        """The chunk of a bundle that came out wrong (None: the frame's first)."""
+
 
 @dataclass
 class ContextEncoder:
@@ -185,7 +190,8 @@ class ContextDecoder:
             if blake3.blake3(piece).hexdigest() != chunk_id:
                 self._decompressor = None
                 raise ContextError(
-                    f"chunk {chunk_id[:16]}: the stream frame does not decode to the chunk"
+                    f"chunk {chunk_id[:16]}: the stream frame does not decode to the chunk",
+                    chunk_id,
                 )
         return pieces
 

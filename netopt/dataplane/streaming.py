@@ -29,9 +29,12 @@ from netopt.dataplane.chunkio import (
 )
 from netopt.dataplane.streamctx import (
     BUNDLE_HEAD,
+    BUNDLE_MAX_BYTES,
     BUNDLE_MAX_CHUNKS,
+    CONTEXT_MAX_CHUNK_BYTES,
     ContextDecoder,
     ContextError,
+    fits_bundle,
 )
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, TlsError
 from netopt.tlsconf import data_scheme, disconnect_hint, explain_tls_failure
@@ -134,6 +137,7 @@ class HttpChunkStream:
         self._ended = False
         self._broken = False
         self._context = ContextDecoder() if params.get("ctx") == "1" else None
+        self._bundles = self._context is not None and params.get("bundle") == "1"
         self._asked: deque[tuple[str, int]] = deque()
         """Names and lengths asked for whose frames have not been read, in order: what a
         bundle's chunks are (the server only says how many)."""
@@ -188,8 +192,9 @@ class HttpChunkStream:
                 self._resp = await self._ctx.__aenter__()
                 fail_reads_on_close(self._resp)
                 await self._check_status(self._resp, self._where)
+            bound = self._bundle_bound if self._bundles else None
             raw = await read_frame(
-                self._resp, self._read, chunk_id, length_bytes, self._where, self._bundle_bound
+                self._resp, self._read, chunk_id, length_bytes, self._where, bound
             )
             if raw.codec == "zstd-bundle":
                 raw = await self._unbundle(raw, chunk_id)
@@ -252,7 +257,25 @@ class HttpChunkStream:
                 f"{self._where}: a bundle of {count} chunks where {len(self._asked)} were "
                 f"asked for (at most {BUNDLE_MAX_CHUNKS})"
             )
-        return [self._asked[i] for i in range(count)]
+        chunks = [self._asked[i] for i in range(count)]
+        bundle_bytes = 0
+        for index, (_, length) in enumerate(chunks):
+            # The rule the server bundles by: a few hundred KiB decoded at most.
+            if not fits_bundle(bundle_bytes, index, length):
+                raise ContextError(
+                    f"{self._where}: a bundle of {count} chunks that may not share one "
+                    f"(at most {BUNDLE_MAX_BYTES} bytes of chunks under "
+                    f"{CONTEXT_MAX_CHUNK_BYTES} bytes each)"
+                )
+            bundle_bytes += length
+        return chunks
+
+    def _bundle_head(self, payload: bytes) -> tuple[list[tuple[str, int]], bool]:
+        """A bundle's chunks and whether it starts a context, from its payload's head."""
+        count, new = BUNDLE_HEAD.unpack_from(payload)
+        if new not in (0, 1):
+            raise ProtocolError(f"{self._where}: a bundle head with a bad flag {new}")
+        return self._bundle_chunks(count), bool(new)
 
     def _bundle_bound(self, count: int) -> int:
         """The largest payload a bundle of ``count`` chunks may have (head included)."""
@@ -264,14 +287,13 @@ class HttpChunkStream:
         others wait in ``_unpacked``."""
         if self._context is None:
             raise ProtocolError(f"{self._where}: a bundle on a stream without a context")
-        count, new = BUNDLE_HEAD.unpack_from(raw.payload)
-        chunks = self._bundle_chunks(count)
+        chunks, new = self._bundle_head(raw.payload)
         total_bytes = sum(length for _, length in chunks)
         body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
         if total_bytes <= _INLINE_DECODE_BYTES:
-            pieces = self._context.decode_bundle(body, bool(new), chunks)
+            pieces = self._context.decode_bundle(body, new, chunks)
         else:
-            pieces = await asyncio.to_thread(self._context.decode_bundle, body, bool(new), chunks)
+            pieces = await asyncio.to_thread(self._context.decode_bundle, body, new, chunks)
         return self._unpack(chunks, pieces, raw.wire_bytes)
 
     def _unpack(
@@ -327,7 +349,7 @@ class HttpChunkStream:
         header = self._carry[at : at + header_bytes]
         codec, payload_bytes = _check_header(header, chunk_id, length_bytes, self._where)
         if codec == "zstd-bundle":
-            if payload_bytes < BUNDLE_HEAD.size:
+            if not self._bundles or payload_bytes < BUNDLE_HEAD.size:
                 raise ProtocolError(f"{self._where}: unexpected frame for {chunk_id[:16]}")
             head_end = at + header_bytes + BUNDLE_HEAD.size
             if head_end > len(self._carry):
@@ -363,10 +385,9 @@ class HttpChunkStream:
         """A small bundle decoded on the loop (see `_unbundle`)."""
         if self._context is None:
             raise ProtocolError(f"{self._where}: a bundle on a stream without a context")
-        count, new = BUNDLE_HEAD.unpack_from(raw.payload)
-        chunks = self._bundle_chunks(count)
+        chunks, new = self._bundle_head(raw.payload)
         body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
-        pieces = self._context.decode_bundle(body, bool(new), chunks)
+        pieces = self._context.decode_bundle(body, new, chunks)
         return self._unpack(chunks, pieces, raw.wire_bytes)
 
     def _take_arrived(self, resp: aiohttp.ClientResponse) -> bool:

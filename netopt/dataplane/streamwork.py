@@ -194,7 +194,10 @@ async def _run_stream(
             chunk_id = asked[0]
             raw: RawChunk | None
             if chunk_id in run.stolen:
-                raw = await _unless_arrived_elsewhere(run, stream, chunk_id)
+                # Here already (a bundle's chunk read with the first): taken, not cut off.
+                raw = buffered(chunk_id, run.lengths[chunk_id]) if buffered is not None else None
+                if raw is None:
+                    raw = await _unless_arrived_elsewhere(run, stream, chunk_id)
                 if raw is None:
                     trace.count("streams_cut_in_tail")
                     break
@@ -306,8 +309,9 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             # A stream context that went wrong is a bad copy of the chunk being received
             # (charged as one) and the end of that stream, as a break is.
             failure = exc
-            if asked:  # the chunk being received is the one the failure hit
-                run.charge(asked[0], exc)
+            if asked:  # the chunk being received (or a bundle's that came out wrong)
+                hit = exc.chunk_id if isinstance(exc, ContextError) else None
+                run.charge(hit if hit is not None and hit in asked else asked[0], exc)
         finally:
             # By identity: deques compare by content, and two streams' may be equal (empty).
             run.asking[:] = [other for other in run.asking if other is not asked]

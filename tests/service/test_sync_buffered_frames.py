@@ -16,6 +16,7 @@ from dataplane_helpers import CPU, FAST, TOKEN, check_tree, start
 import netopt.dataplane.handlers as handlers_module
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.streaming import HttpChunkStream
+from netopt.errors import IntegrityError
 from netopt.transfer.manifest import STATE_DIR_NAME
 
 CLIENT = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=5)
@@ -105,5 +106,46 @@ async def test_a_bad_copy_among_frames_read_together_is_fetched_again_alone(
             assert not bundled
         assert summary.files_written == len(files)
         assert not (dest / STATE_DIR_NAME).exists()
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_always_bad_chunk_inside_a_bundle_is_charged_to_itself(
+    tmp_path: Path, monkeypatch
+) -> None:
+    files = _small_tree(tmp_path / "src", 600)
+    runner, port, _, manifest = await start(tmp_path / "src")
+    ids = [f.chunks[0].chunk_id for f in manifest.files]
+    victim = ids[300]
+    real_bundle = handlers_module.ContextEncoder.encode_bundle
+    inside: list[int] = []
+
+    def spoiling_bundle(self: handlers_module.ContextEncoder, pieces: list[bytes], level: int):
+        names = [blake3.blake3(piece).hexdigest() for piece in pieces]
+        if victim in names:
+            inside.append(names.index(victim))
+            at = names.index(victim)
+            bad = pieces[at][:-1] + bytes([pieces[at][-1] ^ 1])
+            pieces = [*pieces[:at], bad, *pieces[at + 1 :]]
+        return real_bundle(self, pieces, level)
+
+    monkeypatch.setattr(handlers_module.ContextEncoder, "encode_bundle", spoiling_bundle)
+    real_context = handlers_module.ContextEncoder.encode
+
+    def spoiling_alone(self: handlers_module.ContextEncoder, data: bytes, level: int):
+        if blake3.blake3(data).hexdigest() == victim:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        return real_context(self, data, level)
+
+    monkeypatch.setattr(handlers_module.ContextEncoder, "encode", spoiling_alone)
+    dest = tmp_path / "dst"
+    try:
+        with pytest.raises(IntegrityError, match=victim[:16]):
+            await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", dest, CLIENT, client_cpu=CPU,
+                sync_options=NO_STEALS, zstd_level=3, streams=2,
+            )  # fmt: skip
+        assert any(at > 0 for at in inside)  # it was not its bundle's first chunk
+        assert len(files) == len(ids)
     finally:
         await runner.cleanup()

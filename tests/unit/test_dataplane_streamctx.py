@@ -192,8 +192,9 @@ def test_a_bundle_with_a_wrong_chunk_names_it_and_spoils_the_context() -> None:
     named = [(_name(c), len(c)) for c in chunks]
     named[3] = (_name(b"something else"), len(chunks[3]))
     decoder = ContextDecoder()
-    with pytest.raises(ContextError, match=f"chunk {named[3][0][:16]}"):
+    with pytest.raises(ContextError, match=f"chunk {named[3][0][:16]}") as caught:
         decoder.decode_bundle(body, True, named)
+    assert caught.value.chunk_id == named[3][0]  # charged to it, not to the bundle's first
     with pytest.raises(ContextError, match="before its context"):
         decoder.decode_bundle(body[10:], False, named)
     # Lengths that do not add up to what the bundle holds: a bad copy, not a crash.

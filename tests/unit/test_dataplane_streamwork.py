@@ -14,7 +14,9 @@ import pytest
 
 from netopt.chunking import ChunkRef, chunk_bytes, chunk_id
 from netopt.dataplane.chunkio import MemoryChunkSink, MemoryChunkSource, RawChunk
+from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.sync import SyncOptions, sync_manifest
+from netopt.dataplane.syncrun import SyncRun
 from netopt.errors import NetworkError
 from netopt.transfer.manifest import FileEntry, Manifest
 
@@ -301,3 +303,49 @@ async def test_a_stream_that_breaks_inside_a_group_keeps_the_frames_read_before(
     assert all(source.fetches[cid] == 1 for cid in first.asked[:40])
     assert max(sink.puts.values()) == 1
     assert summary.chunks_fetched == len(table)
+
+
+class _BadBundleStream(FakeStream):
+    """Reading the chunk before ``victim`` (asked behind it on this stream) fails once, as
+    a bundle of the two whose second chunk came out wrong fails."""
+
+    victim = ""
+    failed = False
+
+    async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
+        at = self.asked.index(chunk_id)
+        behind = self.asked[at + 1] if at + 1 < len(self.asked) else None
+        if behind == self.victim and not _BadBundleStream.failed:
+            _BadBundleStream.failed = True
+            raise ContextError(f"chunk {self.victim[:16]}: does not decode", self.victim)
+        return await super().next(chunk_id, length_bytes)
+
+
+async def test_a_bad_chunk_inside_a_bundle_is_charged_to_itself(
+    tmp_path: Path, monkeypatch
+) -> None:
+    manifest, table, data = _dataset(6)
+    ids = list(table)
+    _BadBundleStream.victim, _BadBundleStream.failed = ids[1], False
+    source = StreamingSource(manifest, table, [0.0])
+    monkeypatch.setattr(
+        source,
+        "open_stream",
+        lambda: source.streams.append(_BadBundleStream(source, 0.0, None)) or source.streams[-1],
+    )
+    charged: list[str] = []
+    real_charge = SyncRun.charge
+
+    def charge(self: SyncRun, chunk_id: str, exc: Exception) -> None:
+        charged.append(chunk_id)
+        real_charge(self, chunk_id, exc)
+
+    monkeypatch.setattr(SyncRun, "charge", charge)
+    summary = await sync_manifest(
+        manifest, source, CountingSink(), tmp_path,
+        replace(FAST, streams=1, stream_ahead_bytes=1 << 20),  # ids[0], ids[1] on one stream
+    )  # fmt: skip
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert _BadBundleStream.failed
+    assert charged == [ids[1]]  # not ids[0], the bundle's first chunk
+    assert summary.chunk_retries == 1
