@@ -390,9 +390,15 @@ def _parse_level(text: str) -> int:
 
 
 def _weight(ds: DatasetView, chunk_id: str) -> int:
-    """About the bytes reading and compressing ``chunk_id`` handles (for batching)."""
+    """The chunk's length: the bytes reading and compressing it handles (for batching, the
+    stream context and bundles). A served directory's index holds (path, offset, length),
+    a node cache's the length alone."""
     where = ds.index.get(chunk_id)
-    return where[2] if isinstance(where, tuple) and len(where) == 3 else 0
+    if isinstance(where, tuple) and len(where) == 3 and isinstance(where[2], int):
+        return where[2]
+    if isinstance(where, int) and not isinstance(where, bool):
+        return where
+    return CONTEXT_MAX_CHUNK_BYTES  # unknown: compressed alone, never bundled
 
 
 def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
