@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import errno
 import json
 import re
 import socket
@@ -203,6 +204,8 @@ class HttpChunkSource:
         self.wire_bytes = 0
         self._stream_versions: list[str | None] = []
         self._other_routes = False
+        self._answered = False
+        """True once a request of this source got its answer's headers."""
         self._bucket = (
             TokenBucket(options.rate_limit_bps / 8) if options.rate_limit_bps is not None else None
         )
@@ -537,6 +540,7 @@ class HttpChunkSource:
             async with session.get(
                 self.url.base + path, params=params, headers=headers, auto_decompress=False
             ) as resp:
+                self._answered = True
                 await self._check_data_response(resp, where)
                 if headers_out is not None:
                     headers_out.update(resp.headers)
@@ -552,12 +556,11 @@ class HttpChunkSource:
                     body += piece
                     self.wire_bytes += len(piece)
                 return body, resp.headers.get("X-Netopt-Codec", "identity")
-        except aiohttp.ServerDisconnectedError as exc:
-            hint, refused = disconnect_hint(self.url.base)
-            if refused:
-                raise TlsError(f"{self.url}: {hint}") from None
-            raise map_errors(exc, where, f"{self.url} is unreachable") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if _closed_unanswered(exc, first=not self._answered):
+                hint, refused = disconnect_hint(self.url.base)
+                if refused:
+                    raise TlsError(f"{self.url}: {hint}") from None
             raise map_errors(exc, where, f"{self.url} is unreachable") from exc
 
     async def _get_json(self, path: str, max_bytes: int) -> Any:
@@ -686,6 +689,21 @@ class HttpChunkSource:
         self._stream_versions.extend(version for _, _, version in results)
         data = b"".join(piece for piece, _, _ in results)
         return RawChunk(data, "identity", sum(wire for _, wire, _ in results))
+
+
+def _closed_unanswered(exc: BaseException, *, first: bool) -> bool:
+    """True when the server closed the connection without an answer: a disconnect, or,
+    before the source's first answer, a reset (a TLS 1.3 server refusing a missing client
+    certificate closes after the handshake; when the request was already sent, its close
+    is a reset, which may overtake its alert)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return (
+        first
+        and isinstance(exc, aiohttp.ClientOSError)
+        and not isinstance(exc, aiohttp.ClientConnectorError)
+        and exc.errno == errno.ECONNRESET
+    )
 
 
 def _chunk_parts(value: object) -> int:

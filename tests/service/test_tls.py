@@ -530,3 +530,49 @@ def test_only_aead_suites_are_spoken_either_way(pki: Pki, server_files: NodeFile
         thread.join(10)
     assert errors, "the weak server saw no failed handshake"
     assert "NO_SHARED_CIPHER" in str(errors[0]), errors
+
+
+def test_a_close_right_after_the_handshake_without_a_client_certificate_is_named(
+    tmp_path: Path, pki: Pki, server_files: NodeFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TLS 1.3 server refusing a missing client certificate closes after the handshake,
+    without its alert here: the sync names the likely cause, at once. (Whether the client
+    sees the close as a disconnect or a reset depends on timing; both are read alike,
+    see `test_httpsource_closed_unanswered`.)"""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(server_files.cert, server_files.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                raw, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                conn = context.wrap_socket(raw, server_side=True)
+                conn.settimeout(5)
+                conn.recv(1)  # the request has come: unread bytes make the close a reset
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" * 2)
+                conn.close()
+            except OSError:
+                raw.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        url = f"netopt://127.0.0.1:{port}/ds"
+        code = run_cli(["sync", url, str(tmp_path / "dst"), "--cache-dir", str(tmp_path / "c"),
+                        "--json", "--tls-ca", str(pki.ca)])  # fmt: skip
+        refused = capsys.readouterr()
+        assert code == 1
+        assert "requires a client certificate" in refused.out, refused.out
+        assert time.monotonic() - started < 20
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(timeout=10)
