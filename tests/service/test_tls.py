@@ -347,7 +347,6 @@ def test_sync_over_mutual_tls_is_byte_for_byte_and_leaks_no_secret(
     url = f"netopt://127.0.0.1:{port}/ds"
     tls = ["--tls-ca", str(pki.ca), "--tls-cert", str(client_files.cert),
            "--tls-key", str(client_files.key)]  # fmt: skip
-    started = time.monotonic()
     code = run_cli(["sync", url, str(tmp_path / "dst"), "--cache-dir", str(tmp_path / "c"),
                     "--json", *tls])  # fmt: skip
     out = capsys.readouterr()
@@ -356,13 +355,7 @@ def test_sync_over_mutual_tls_is_byte_for_byte_and_leaks_no_secret(
         assert (tmp_path / "dst" / rel).read_bytes() == (tmp_path / "src" / rel).read_bytes()
     # Without the client certificate the server refuses the handshake: a clear error, at
     # once (not retried for the retry window).
-    started = time.monotonic()
-    code = run_cli(["sync", url, str(tmp_path / "dst2"), "--cache-dir", str(tmp_path / "c2"),
-                    "--json", "--tls-ca", str(pki.ca)])  # fmt: skip
-    refused = capsys.readouterr()
-    assert code == 1
-    assert "requires a client certificate" in refused.out, refused.out
-    assert time.monotonic() - started < 20
+    refused = _refused_without_client_certificate(url, tmp_path / "2", pki, capsys)
     # Nothing printed or logged holds the token or a private key.
     key_lines = {
         line
@@ -373,6 +366,21 @@ def test_sync_over_mutual_tls_is_byte_for_byte_and_leaks_no_secret(
     for text in (out.out + out.err, refused.out + refused.err, log.read_text()):
         assert TOKEN not in text
         assert not any(line in text for line in key_lines)
+
+
+def _refused_without_client_certificate(
+    url: str, work: Path, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> pytest.CaptureResult[str]:
+    """A sync of ``url`` with the CA but no client certificate: refused with a clear error,
+    at once (not retried for the retry window); what it printed."""
+    started = time.monotonic()
+    code = run_cli(["sync", url, str(work / "dst"), "--cache-dir", str(work / "c"),
+                    "--json", "--tls-ca", str(pki.ca)])  # fmt: skip
+    refused = capsys.readouterr()
+    assert code == 1
+    assert "requires a client certificate" in refused.out, refused.out
+    assert time.monotonic() - started < 20
+    return refused
 
 
 def test_doctor_reports_a_certificate_expiring_within_30_days(
@@ -564,14 +572,7 @@ def test_a_close_right_after_the_handshake_without_a_client_certificate_is_named
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        started = time.monotonic()
-        url = f"netopt://127.0.0.1:{port}/ds"
-        code = run_cli(["sync", url, str(tmp_path / "dst"), "--cache-dir", str(tmp_path / "c"),
-                        "--json", "--tls-ca", str(pki.ca)])  # fmt: skip
-        refused = capsys.readouterr()
-        assert code == 1
-        assert "requires a client certificate" in refused.out, refused.out
-        assert time.monotonic() - started < 20
+        _refused_without_client_certificate(f"netopt://127.0.0.1:{port}/ds", tmp_path, pki, capsys)
     finally:
         stop.set()
         listener.close()
