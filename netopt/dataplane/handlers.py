@@ -330,14 +330,12 @@ def _frames_in_context(
         pieces.clear()
 
     for chunk_id in chunk_ids:
-        stored = _stored(ds, chunk_id, level)
-        if stored is None and level > 0:
+        if level > 0 and _stored(ds, chunk_id, level) is None:
             names.append(chunk_id)
             pieces.append(ds.read_chunk(chunk_id))
             continue
         send_pieces()
-        payload, codec = stored if stored is not None else encode_chunk(ds.read_chunk(chunk_id), 0)
-        frames.append((chunk_id, 1, payload, codec))
+        frames.append((chunk_id, 1, *_read_and_encode(ds, chunk_id, level)))
     send_pieces()
     return frames
 

@@ -197,7 +197,7 @@ class HttpChunkStream:
                 self._resp, self._read, chunk_id, length_bytes, self._where, bound
             )
             if raw.codec == "zstd-bundle":
-                raw = await self._unbundle(raw, chunk_id)
+                raw = await self._unbundle(raw)
             elif raw.codec in STREAM_CODECS:
                 raw = await self._decode_in_context(raw, chunk_id, length_bytes)
             self._read_asked(chunk_id)
@@ -282,19 +282,27 @@ class HttpChunkStream:
         chunks = self._bundle_chunks(count)
         return BUNDLE_HEAD.size + max_frame_bytes(sum(length for _, length in chunks))
 
-    async def _unbundle(self, raw: RawChunk, chunk_id: str) -> RawChunk:
-        """A ``zstd-bundle`` frame decoded in the stream's context: its first chunk; the
-        others wait in ``_unpacked``."""
-        if self._context is None:
-            raise ProtocolError(f"{self._where}: a bundle on a stream without a context")
+    async def _unbundle(self, raw: RawChunk) -> RawChunk:
+        """A ``zstd-bundle`` frame decoded in the stream's context (on the loop when small,
+        see `_INLINE_DECODE_BYTES`): its first chunk; the others wait in ``_unpacked``."""
         chunks, new = self._bundle_head(raw.payload)
-        total_bytes = sum(length for _, length in chunks)
-        body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
-        if total_bytes <= _INLINE_DECODE_BYTES:
-            pieces = self._context.decode_bundle(body, new, chunks)
-        else:
-            pieces = await asyncio.to_thread(self._context.decode_bundle, body, new, chunks)
+        if sum(length for _, length in chunks) <= _INLINE_DECODE_BYTES:
+            return self._unbundle_now(raw, chunks, new)
+        pieces = await asyncio.to_thread(self._decode_bundle, raw, chunks, new)
         return self._unpack(chunks, pieces, raw.wire_bytes)
+
+    def _unbundle_now(self, raw: RawChunk, chunks: list[tuple[str, int]], new: bool) -> RawChunk:
+        """`_unbundle` of a small bundle, on the loop."""
+        return self._unpack(chunks, self._decode_bundle(raw, chunks, new), raw.wire_bytes)
+
+    def _decode_bundle(
+        self, raw: RawChunk, chunks: list[tuple[str, int]], new: bool
+    ) -> list[bytes]:
+        """The verified chunks of a bundle. Only a stream that asked for bundles gets one
+        (`read_frame` and `_frame_from_carry` refuse them else), so it has a context."""
+        assert self._context is not None
+        body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
+        return self._context.decode_bundle(body, new, chunks)
 
     def _unpack(
         self, chunks: list[tuple[str, int]], pieces: list[bytes], wire_bytes: int
@@ -373,22 +381,13 @@ class HttpChunkStream:
         self._consumed(end - at)
         trace.mark_last("last_byte")
         raw = RawChunk(payload, codec, end - at)
-        if codec == "zstd-bundle":
-            raw = self._unbundle_inline(raw)
+        if codec == "zstd-bundle":  # at most _INLINE_DECODE_BYTES (checked above)
+            raw = self._unbundle_now(raw, *self._bundle_head(raw.payload))
         elif codec in STREAM_CODECS:
             raw = self._decode_inline(raw, chunk_id, length_bytes)
         self._read_asked(chunk_id)
         self.frames_read += 1
         return raw
-
-    def _unbundle_inline(self, raw: RawChunk) -> RawChunk:
-        """A small bundle decoded on the loop (see `_unbundle`)."""
-        if self._context is None:
-            raise ProtocolError(f"{self._where}: a bundle on a stream without a context")
-        chunks, new = self._bundle_head(raw.payload)
-        body = memoryview(raw.payload)[BUNDLE_HEAD.size :]
-        pieces = self._context.decode_bundle(body, new, chunks)
-        return self._unpack(chunks, pieces, raw.wire_bytes)
 
     def _take_arrived(self, resp: aiohttp.ClientResponse) -> bool:
         """Append what the response holds now to the carry (at most aiohttp's buffer:
