@@ -125,7 +125,8 @@ def _stream_bytes(run: Sequence[bytes], level: int) -> int:
 
 def fits_bundle(bundle_bytes: int, bundle_chunks: int, length_bytes: int) -> bool:
     """True when a chunk of ``length_bytes`` may join a bundle of ``bundle_chunks`` chunks
-    and ``bundle_bytes`` (see `BUNDLE_MAX_BYTES`); a bundle's first chunk always fits."""
+    and ``bundle_bytes`` (see `BUNDLE_MAX_BYTES`); with none yet, when it may start one
+    (any chunk under `CONTEXT_MAX_CHUNK_BYTES`)."""
     if not bundle_chunks:
         return length_bytes < CONTEXT_MAX_CHUNK_BYTES
     return (
