@@ -31,7 +31,7 @@ from netopt.dataplane.limits import (
     STREAM_NAME_LINE_BYTES,
 )
 from netopt.dataplane.manifestcache import ManifestEncodings
-from netopt.dataplane.manifestwire import accepts_zstd
+from netopt.dataplane.manifestwire import RangeNotSatisfiable, accepts_zstd, byte_range
 from netopt.dataplane.origin import LiveDataset
 from netopt.dataplane.served import DatasetView, ServedDataset
 from netopt.dataplane.streamctx import CONTEXT_MAX_CHUNK_BYTES, ContextEncoder, fits_bundle
@@ -257,7 +257,9 @@ async def dataset_info(request: web.Request) -> web.Response:
 async def dataset_manifest(request: web.Request) -> web.Response:
     """The manifest's canonical JSON, as one zstd frame (``Content-Encoding: zstd``) when
     the request accepts zstd, else plain; both encoded once per version (`MANIFESTS`).
-    ``ETag`` names the version (its ``manifest_id``); ``If-None-Match`` naming it: 304."""
+    ``ETag`` names the version (its ``manifest_id``); ``If-None-Match`` naming it: 304.
+    One byte range of the body when asked (`manifestwire.byte_range`; ``If-Range`` naming
+    another version: the whole body)."""
     ds = await _fresh_dataset(request)
     loop = asyncio.get_running_loop()
     executor = request.app[EXECUTOR]
@@ -265,7 +267,7 @@ async def dataset_manifest(request: web.Request) -> web.Response:
         request.match_info["name"], ds.manifest, lambda fn: loop.run_in_executor(executor, fn)
     )
     etag = f'"{encoded.manifest_id}"'
-    headers = {"ETag": etag, "Vary": "Accept-Encoding"}
+    headers = {"ETag": etag, "Vary": "Accept-Encoding", "Accept-Ranges": "bytes"}
     if etag in request.headers.get("If-None-Match", "").replace(" ", "").split(","):
         return web.Response(status=304, headers=headers)
     if accepts_zstd(request.headers.get("Accept-Encoding")):
@@ -273,7 +275,23 @@ async def dataset_manifest(request: web.Request) -> web.Response:
         body = encoded.zstd
     else:
         body = encoded.plain
-    return web.Response(body=body, content_type="application/json", headers=headers)
+    if_range = request.headers.get("If-Range")
+    try:
+        asked = (
+            None
+            if if_range not in (None, etag)
+            else byte_range(request.headers.get("Range"), len(body))
+        )
+    except RangeNotSatisfiable:
+        headers["Content-Range"] = f"bytes */{len(body)}"
+        return web.Response(status=416, headers=headers)
+    if asked is None:
+        return web.Response(body=body, content_type="application/json", headers=headers)
+    start, end = asked
+    headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(body)}"
+    return web.Response(
+        status=206, body=body[start:end], content_type="application/json", headers=headers
+    )
 
 
 def _stored(ds: DatasetView, chunk_id: str, level: int) -> tuple[bytes, Codec] | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from netopt.dataplane.served import ServedDataset
 from netopt.dataplane.server import ServeSettings, ServeStats, create_app, load_dataset
 from netopt.dataplane.server import start_server as _start_server
 from netopt.dataplane.sync import SyncOptions
@@ -51,6 +53,21 @@ async def start(
     app = create_app(ServeSettings(token=token, worker_threads=2), {name: dataset}, CPU, stats)
     runner, port = await _start_server(app, "127.0.0.1", 0, limits)
     return runner, port, stats, dataset.manifest
+
+
+async def serve_with_middleware(
+    root: Path, middleware: Any, name: str = "ds"
+) -> tuple[web.AppRunner, int, ServedDataset]:
+    """`netopt serve`'s app of ``root`` on a free loopback port with ``middleware`` first
+    (a server that stalls, fails or lies on some routes); the runner, port and dataset."""
+    dataset = load_dataset(root, name, CHUNK_BYTES)
+    app = create_app(ServeSettings(token=TOKEN, worker_threads=2), {name: dataset}, CPU,
+                     ServeStats())  # fmt: skip
+    app.middlewares.insert(0, middleware)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1], dataset
 
 
 async def serve_routes(routes: list[web.RouteDef]) -> tuple[web.AppRunner, int]:

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from dataplane_helpers import CHUNK_BYTES, CPU, FAST, TOKEN, check_tree, make_dataset, start
+from dataplane_helpers import (
+    CHUNK_BYTES,
+    CPU,
+    FAST,
+    TOKEN,
+    check_tree,
+    make_dataset,
+    serve_with_middleware,
+    start,
+)
 from test_dataplane_server import _evil_app
 from tls_helpers import make_pki
 
@@ -202,44 +211,49 @@ def test_under_tls_a_ca_file_that_does_not_load_starts_nothing(tmp_path: Path) -
 
 
 async def _slow_manifest_server(
-    root: Path, delays_s: list[float], fails: int = 0
-) -> tuple[web.AppRunner, int, list[float]]:
-    """The data plane on loopback whose manifest requests are answered after
-    ``delays_s`` in the order they come (the last for every later one), the first
-    ``fails`` of them with a 503; the list gets each manifest request's arrival
-    (monotonic s)."""
-    asked: list[float] = []
+    root: Path, ranged_delays_s: list[float], whole_delay_s: float, ranged_fail: bool = False
+) -> tuple[web.AppRunner, int, list[tuple[float, bool]]]:
+    """The data plane on loopback whose manifest requests for a byte range (the
+    prefetch's pieces) are answered after ``ranged_delays_s`` in the order they come
+    (the last for every later one), with a 503 when ``ranged_fail``, and those for the
+    whole manifest (the normal path's) after ``whole_delay_s``. The list gets each
+    manifest request's arrival (monotonic s) and whether it asked for a range."""
+    asked: list[tuple[float, bool]] = []
 
     @web.middleware
     async def slow(request: web.Request, handler: web.Handler) -> web.StreamResponse:
         if request.path.endswith("/manifest"):
-            n = len(asked)
-            asked.append(asyncio.get_running_loop().time())
-            await asyncio.sleep(delays_s[min(n, len(delays_s) - 1)])
-            if n < fails:
-                return web.json_response({"error": "busy"}, status=503)
+            ranged = "Range" in request.headers
+            n = sum(1 for _, r in asked if r)
+            asked.append((asyncio.get_running_loop().time(), ranged))
+            if not ranged:
+                await asyncio.sleep(whole_delay_s)
+            else:
+                await asyncio.sleep(ranged_delays_s[min(n, len(ranged_delays_s) - 1)])
+                if ranged_fail:
+                    return web.json_response({"error": "busy"}, status=503)
         return await handler(request)
 
-    dataset = load_dataset(root, "ds", CHUNK_BYTES)
-    app = create_app(ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU,
-                     ServeStats())  # fmt: skip
-    app.middlewares.insert(0, slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, runner.addresses[0][1], asked
+    runner, port, _ = await serve_with_middleware(root, slow)
+    return runner, port, asked
 
 
-COPIES = prefetch.META_COPIES
+PIECES = prefetch.MANIFEST_CONNECTIONS
 
 
 async def _sync_past_slow_manifests(
-    tmp_path: Path, delays_s: list[float], fails: int, timeout_s: float
-) -> list[float]:
-    """Prefetch, then sync (within ``timeout_s``) from `_slow_manifest_server` with
-    ``delays_s`` and ``fails``; the tree must be whole. The manifest requests' arrivals."""
+    tmp_path: Path,
+    ranged_delays_s: list[float],
+    whole_delay_s: float,
+    timeout_s: float,
+    ranged_fail: bool = False,
+) -> list[tuple[float, bool]]:
+    """Prefetch, then sync (within ``timeout_s``) from `_slow_manifest_server`; the
+    tree must be whole. The manifest requests' arrivals, and whether each was ranged."""
     files = make_dataset(tmp_path / "src")
-    runner, port, asked = await _slow_manifest_server(tmp_path / "src", delays_s, fails)
+    runner, port, asked = await _slow_manifest_server(
+        tmp_path / "src", ranged_delays_s, whole_delay_s, ranged_fail
+    )
     try:
         assert prefetch.start(f"netopt://127.0.0.1:{port}/ds", TOKEN, 2)
         await asyncio.wait_for(_sync(port, tmp_path / "dst"), timeout=timeout_s)
@@ -249,32 +263,39 @@ async def _sync_past_slow_manifests(
     return asked
 
 
-async def test_a_stalled_copy_of_a_prefetched_request_holds_nothing_up(tmp_path: Path) -> None:
-    # The first manifest request to arrive stalls 5 s (as a request whose packet was
-    # lost waits out a retransmission timeout); the prefetch's other copy is answered at
-    # once and used: nothing is asked again, and the sync does not wait for the stall.
-    asked = await _sync_past_slow_manifests(tmp_path, [5.0, 0.0], 0, 3.0)
-    assert len(asked) == COPIES == 2
+async def test_a_stalled_piece_of_a_prefetched_manifest_is_taken_over(tmp_path: Path) -> None:
+    # The first piece asked for stalls 5 s (as a request whose packet was lost waits
+    # out a retransmission timeout); the others are answered at once. An idle
+    # connection takes the stalled piece over (`PIECE_STALL_MIN_S` on loopback), and
+    # the prefetch's manifest is used: the sync does not wait for the stall.
+    asked = await _sync_past_slow_manifests(tmp_path, [5.0, 0.0], 30.0, 3.0)
     assert prefetch.STATS["meta_used"] == 1
+    assert prefetch.STATS["manifest_takeovers"] >= 1
+    # One ask per connection, and the take-over(s): never a piece per round trip. (The
+    # normal path may have asked too, had the copy come after `take_meta`'s wait: its
+    # answer is 30 s away, so the sync's 3 s show it was not the one used.)
+    ranged = sum(1 for _, is_ranged in asked if is_ranged)
+    assert PIECES < ranged <= 2 * PIECES
 
 
 async def test_a_late_prefetched_answer_is_used_when_it_beats_asking_again(
     tmp_path: Path,
 ) -> None:
-    # The prefetch's manifest copies come 0.8 s late (both lost a packet on a lossy
-    # link), past `take_meta`'s wait: the normal path asks again, and its answer would
-    # take 5 s. The prefetch's late answer wins the race; the sync is whole.
-    asked = await _sync_past_slow_manifests(tmp_path, [0.8] * COPIES + [5.0], 0, 4.0)
-    assert len(asked) > COPIES  # the normal path had asked again
-    assert asked[COPIES] - asked[0] < 0.8  # before the prefetch's answer came
+    # The prefetch's pieces come 0.8 s late (they lost packets on a lossy link), past
+    # `take_meta`'s wait: the normal path asks again, and its answer would take 5 s.
+    # The prefetch's late answer wins the race; the sync is whole.
+    asked = await _sync_past_slow_manifests(tmp_path, [0.8], 5.0, 4.0)
+    whole = [at for at, ranged in asked if not ranged]
+    assert whole  # the normal path had asked again
+    assert whole[0] - asked[0][0] < 0.8  # before the prefetch's answer came
     assert prefetch.STATS["meta_used"] == 1
 
 
 async def test_a_prefetch_that_fails_late_leaves_the_answer_to_the_normal_path(
     tmp_path: Path,
 ) -> None:
-    # Every copy of the prefetch's manifest request fails (503) after 0.8 s, past
-    # `take_meta`'s wait; the normal path's answer (1.2 s) is used.
-    asked = await _sync_past_slow_manifests(tmp_path, [0.8] * COPIES + [1.2], COPIES, 6.0)
-    assert len(asked) > COPIES
+    # Every piece the prefetch asks for fails (503) after 0.8 s, past `take_meta`'s
+    # wait; the normal path's answer (1.2 s) is used.
+    asked = await _sync_past_slow_manifests(tmp_path, [0.8], 1.2, 6.0, ranged_fail=True)
+    assert any(not ranged for _, ranged in asked)
     assert prefetch.STATS["meta_used"] == 0

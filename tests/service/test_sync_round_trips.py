@@ -23,7 +23,7 @@ from aiohttp import web
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.handlers import auth_middleware
 from netopt.dataplane.limits import MAX_CHUNK_PARTS
-from netopt.dataplane.prefetch import META_COPIES, WARM_CONNECTIONS
+from netopt.dataplane.prefetch import MANIFEST_CONNECTIONS, META_COPIES, WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.dataplane.streamwork import MIN_PART_BYTES
 from netopt.webshell import service_shell
@@ -45,6 +45,7 @@ class Seen:
     started_s: float
     ended_s: float
     query: dict[str, str] | None = None
+    status: int = 0
 
 
 def _route(path: str) -> str:
@@ -76,6 +77,7 @@ async def _serve(
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
         nonlocal health_seen
         started_s = time.monotonic()
+        status = 0
         try:
             if late_health is not None and _route(request.path) == "health":
                 health_seen += 1
@@ -94,10 +96,11 @@ async def _serve(
             ):
                 corrupted.append(request.path)
                 resp.body = bytes([resp.body[0] ^ 0xFF]) + resp.body[1:]  # same length
+            status = resp.status
             return resp
         finally:
             query = dict(request.query)
-            seen.append(Seen(_route(request.path), started_s, time.monotonic(), query))
+            seen.append(Seen(_route(request.path), started_s, time.monotonic(), query, status))
 
     app = web.Application(
         middlewares=[
@@ -137,8 +140,11 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     finally:
         await runner.cleanup()
     routes = [s.route for s in first]
-    # The start-up prefetch sends each request as `META_COPIES` copies; nothing more.
-    assert 1 <= routes.count("manifest") <= META_COPIES, routes
+    # The start-up prefetch sends the info as `META_COPIES` copies, and asks for the
+    # manifest as pieces over `MANIFEST_CONNECTIONS` connections: a small manifest is
+    # the first piece, the others are answered 416 (past its end); nothing more.
+    assert 1 <= routes.count("manifest") <= MANIFEST_CONNECTIONS, routes
+    assert len(_manifest_bodies(first)) == 1, [(s.route, s.status) for s in first]
     assert 1 <= routes.count("info") <= META_COPIES, routes  # no version check after chunks
     assert not {"chunks", "batch"} & set(routes), routes  # no request per chunk or file
     streams = [s for s in first if s.route == "stream"]
@@ -148,7 +154,7 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     meta = [s for s in first if s.route in ("info", "manifest")]
     assert all(s.started_s < min(t.started_s for t in streams) for s in meta)
     # Round 2: the streams, asked only once a manifest was there.
-    manifest_s = min(s.ended_s for s in first if s.route == "manifest")
+    manifest_s = min(s.ended_s for s in _manifest_bodies(first))
     assert all(s.started_s >= manifest_s for s in streams)
     # No round 3: the streams are the last requests (their end frames carried the version).
     assert all(s.route == "stream" for s in first[len(first) - len(streams) :]), routes
@@ -156,8 +162,14 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     # A sync with nothing to fetch: info and manifest, and the check (no stream carried it).
     assert {s.route for s in seen} == {"info", "manifest"}
     assert 2 <= [s.route for s in seen].count("info") <= META_COPIES + 1
-    assert 1 <= [s.route for s in seen].count("manifest") <= META_COPIES
+    assert 1 <= [s.route for s in seen].count("manifest") <= MANIFEST_CONNECTIONS
+    assert len(_manifest_bodies(seen)) == 1
     assert again["files_written"] == 0
+
+
+def _manifest_bodies(seen: list[Seen]) -> list[Seen]:
+    """The manifest requests answered with some of it (200 or 206; not 416)."""
+    return [s for s in seen if s.route == "manifest" and s.status in (200, 206)]
 
 
 async def test_a_small_sync_ends_each_stream_with_its_last_name(tmp_path: Path) -> None:
