@@ -142,9 +142,10 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     routes = [s.route for s in first]
     # The start-up prefetch sends the info as `META_COPIES` copies, and asks for the
     # manifest as pieces over `MANIFEST_CONNECTIONS` connections: a small manifest is
-    # the first piece, the others are answered 416 (past its end); nothing more.
+    # the first piece (asked twice), the others are answered 416 (past its end);
+    # nothing more.
     assert 1 <= routes.count("manifest") <= MANIFEST_CONNECTIONS, routes
-    assert len(_manifest_bodies(first)) == 1, [(s.route, s.status) for s in first]
+    assert 1 <= len(_manifest_bodies(first)) <= 2, [(s.route, s.status) for s in first]
     assert 1 <= routes.count("info") <= META_COPIES, routes  # no version check after chunks
     assert not {"chunks", "batch"} & set(routes), routes  # no request per chunk or file
     streams = [s for s in first if s.route == "stream"]
@@ -163,7 +164,7 @@ async def test_a_small_sync_takes_two_request_rounds(tmp_path: Path) -> None:
     assert {s.route for s in seen} == {"info", "manifest"}
     assert 2 <= [s.route for s in seen].count("info") <= META_COPIES + 1
     assert 1 <= [s.route for s in seen].count("manifest") <= MANIFEST_CONNECTIONS
-    assert len(_manifest_bodies(seen)) == 1
+    assert 1 <= len(_manifest_bodies(seen)) <= 2
     assert again["files_written"] == 0
 
 

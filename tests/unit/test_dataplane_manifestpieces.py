@@ -46,7 +46,7 @@ def _answer(
 def _second_piece_in(body: bytes) -> tuple[Pieces, tuple[int, int, int]]:
     """Two connections' first pieces of ``body`` (a first piece and 1,000 bytes more)
     asked, the second in: the pieces and the first one's ask (its owner read nothing)."""
-    pieces = Pieces(10_000_000, connections=2)
+    pieces = Pieces(10_000_000, copy_first=False, connections=2)
     a = pieces.next_range(0.0, STALL_S)
     b = pieces.next_range(0.0, STALL_S)
     assert isinstance(a, tuple)
@@ -57,7 +57,7 @@ def _second_piece_in(body: bytes) -> tuple[Pieces, tuple[int, int, int]]:
 
 def test_a_body_comes_whole_from_blind_first_pieces_then_even_shares() -> None:
     body = os.urandom(1_000_000)
-    pieces = Pieces(10_000_000, connections=4)
+    pieces = Pieces(10_000_000, copy_first=False, connections=4)
     first = [pieces.next_range(0.0, STALL_S) for _ in range(4)]
     # Blind, in order from byte 0, one first flight each.
     assert [a[:2] for a in first if isinstance(a, tuple)] == [
@@ -83,7 +83,7 @@ def test_a_body_comes_whole_from_blind_first_pieces_then_even_shares() -> None:
 
 def test_blind_pieces_past_the_end_learn_the_total_from_a_416() -> None:
     body = os.urandom(FIRST_PIECE_BYTES + 100)
-    pieces = Pieces(10_000_000, connections=3)
+    pieces = Pieces(10_000_000, copy_first=False, connections=3)
     asks = [pieces.next_range(0.0, STALL_S) for _ in range(3)]
     assert all(isinstance(a, tuple) for a in asks)
     third = asks[2]
@@ -102,9 +102,34 @@ def test_blind_pieces_past_the_end_learn_the_total_from_a_416() -> None:
     assert pieces.body() == body
 
 
+def test_the_first_piece_is_asked_twice_and_the_first_copy_to_arrive_is_kept() -> None:
+    body = os.urandom(5000)  # a small manifest: the first piece alone
+    for copy_wins in (True, False):
+        pieces = Pieces(10_000_000, connections=4)
+        asks = [pieces.next_range(0.0, STALL_S) for _ in range(4)]
+        assert [a[:2] for a in asks if isinstance(a, tuple)] == [
+            (0, FIRST_PIECE_BYTES),
+            (0, FIRST_PIECE_BYTES),
+            (FIRST_PIECE_BYTES, 2 * FIRST_PIECE_BYTES),
+            (2 * FIRST_PIECE_BYTES, 3 * FIRST_PIECE_BYTES),
+        ]
+        original, copy, past, further = asks
+        assert isinstance(original, tuple)
+        assert isinstance(copy, tuple)
+        assert isinstance(past, tuple)
+        assert isinstance(further, tuple)
+        pieces.past_end(past[2], len(body))
+        pieces.past_end(further[2], len(body))
+        first, second = (copy, original) if copy_wins else (original, copy)
+        assert not _answer(pieces, first, body)
+        assert pieces.done()
+        assert pieces.body() == body
+        assert pieces.answered(second[2], _range(0, len(body), len(body)), ETAG, "zstd") == 0
+
+
 def test_an_idle_connection_takes_over_half_of_a_large_piece() -> None:
     body = os.urandom(400_000)
-    pieces = Pieces(10_000_000, connections=1)
+    pieces = Pieces(10_000_000, copy_first=False, connections=1)
     head = pieces.next_range(0.0, STALL_S)
     assert isinstance(head, tuple)
     _answer(pieces, head, body)
@@ -130,7 +155,7 @@ def test_an_idle_connection_takes_over_half_of_a_large_piece() -> None:
 
 def test_a_small_piece_is_never_split_below_the_least_take_over() -> None:
     body = os.urandom(FIRST_PIECE_BYTES + 2 * MIN_STEAL_BYTES - 1)
-    pieces = Pieces(10_000_000, connections=1)
+    pieces = Pieces(10_000_000, copy_first=False, connections=1)
     head = pieces.next_range(0.0, STALL_S)
     assert isinstance(head, tuple)
     _answer(pieces, head, body)
@@ -148,7 +173,7 @@ def test_a_stalled_piece_gets_a_copy_and_the_first_to_arrive_is_kept() -> None:
         assert isinstance(copy, tuple)
         assert copy[:2] == a[:2]  # its owner read nothing yet
         assert pieces.copies == 1
-        assert pieces.next_range(0.9, STALL_S) is WAIT  # one copy at a time
+        assert pieces.next_range(0.4, STALL_S) is WAIT  # the copy has not stalled yet
         first, second = (copy, a) if copy_first else (a, copy)
         _answer(pieces, first, body)
         # The other arrives late: its ask is gone, it reads nothing more.
@@ -157,6 +182,23 @@ def test_a_stalled_piece_gets_a_copy_and_the_first_to_arrive_is_kept() -> None:
         assert not pieces.received(second[2], body[:10], 1.0)
         assert pieces.done()
         assert pieces.body() == body
+
+
+def test_a_copy_that_stalls_too_is_copied_in_turn() -> None:
+    body = os.urandom(FIRST_PIECE_BYTES + 1000)
+    pieces, a = _second_piece_in(body)
+    copy = pieces.next_range(0.3, STALL_S)
+    assert isinstance(copy, tuple)
+    again = pieces.next_range(0.6, STALL_S)  # the copy read nothing for 0.3 s either
+    assert isinstance(again, tuple)
+    assert again[:2] == a[:2]
+    assert pieces.next_range(0.7, STALL_S) is WAIT
+    _answer(pieces, again, body)
+    assert pieces.done()
+    assert pieces.body() == body
+    # The two stalled asks are gone: what they bring later is not taken.
+    for late in (a, copy):
+        assert pieces.answered(late[2], _range(0, FIRST_PIECE_BYTES, len(body)), ETAG, "zstd") == 0
 
 
 def test_a_copy_of_a_partly_read_piece_fetches_only_the_rest() -> None:
@@ -176,7 +218,7 @@ def test_a_copy_of_a_partly_read_piece_fetches_only_the_rest() -> None:
 
 def test_a_failed_owner_s_piece_is_asked_again_first() -> None:
     body = os.urandom(3 * FIRST_PIECE_BYTES)
-    pieces = Pieces(10_000_000, connections=3)
+    pieces = Pieces(10_000_000, copy_first=False, connections=3)
     asks = [pieces.next_range(0.0, STALL_S) for _ in range(3)]
     first = asks[0]
     assert isinstance(first, tuple)
@@ -194,7 +236,7 @@ def test_a_failed_owner_s_piece_is_asked_again_first() -> None:
 
 def test_what_a_failed_owner_read_is_kept_and_only_the_rest_asked_again() -> None:
     body = os.urandom(2 * FIRST_PIECE_BYTES)
-    pieces = Pieces(10_000_000, connections=2)
+    pieces = Pieces(10_000_000, copy_first=False, connections=2)
     a = pieces.next_range(0.0, STALL_S)
     b = pieces.next_range(0.0, STALL_S)
     assert isinstance(a, tuple)
@@ -255,7 +297,7 @@ def test_a_failed_copy_is_dropped_and_its_original_may_be_copied_again() -> None
 )
 def test_a_piece_that_lies_breaks_the_fetch(lie: str, message: str) -> None:
     body = os.urandom(3 * FIRST_PIECE_BYTES)
-    pieces = Pieces(1_000_000, connections=2)
+    pieces = Pieces(1_000_000, copy_first=False, connections=2)
     a = pieces.next_range(0.0, STALL_S)
     b = pieces.next_range(0.0, STALL_S)
     assert isinstance(a, tuple)
@@ -280,7 +322,7 @@ def test_a_piece_that_lies_breaks_the_fetch(lie: str, message: str) -> None:
 
 
 def test_a_416_for_a_piece_inside_the_body_breaks_the_fetch() -> None:
-    pieces = Pieces(1_000_000, connections=2)
+    pieces = Pieces(1_000_000, copy_first=False, connections=2)
     pieces.next_range(0.0, STALL_S)
     b = pieces.next_range(0.0, STALL_S)
     assert isinstance(b, tuple)
@@ -290,7 +332,7 @@ def test_a_416_for_a_piece_inside_the_body_breaks_the_fetch() -> None:
 
 def test_a_block_past_a_piece_s_end_is_dropped() -> None:
     body = os.urandom(FIRST_PIECE_BYTES + 10)
-    pieces = Pieces(1_000_000, connections=1)
+    pieces = Pieces(1_000_000, copy_first=False, connections=1)
     a = pieces.next_range(0.0, STALL_S)
     assert isinstance(a, tuple)
     pieces.answered(a[2], _range(0, FIRST_PIECE_BYTES, len(body)), ETAG, "zstd")
