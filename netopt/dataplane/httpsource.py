@@ -72,6 +72,7 @@ __all__ = [
     "checked_dataset_url",
     "parse_dataset_url",
     "stall_timeout_s",
+    "stream_versions_at_end",
 ]
 
 _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/([^/?#]+)$")
@@ -423,14 +424,12 @@ class HttpChunkSource:
             self._stream_versions.append(stream.end_version)
 
     def version_at_end(self) -> str | None:
-        """The dataset version the server named after its last chunk read, when every
-        chunk came over streams that each ended with the server naming that same version
-        (`netopt.dataplane.streaming.end_frame`); None otherwise (a stream cut or broken,
-        a chunk by another route, an older server, nothing fetched)."""
-        seen = set(self._stream_versions)
-        if self._other_routes or len(seen) != 1:
+        """The dataset version the server named after the last chunk read
+        (`stream_versions_at_end` of what the streams and chunk parts named, in the
+        order they closed); None when a chunk came by another route."""
+        if self._other_routes:
             return None
-        return seen.pop()
+        return stream_versions_at_end(self._stream_versions)
 
     def asked(self, chunk_id: str, level: int) -> None:
         """``chunk_id`` was asked for at ``level`` (for the adapter's windows)."""
@@ -689,6 +688,19 @@ class HttpChunkSource:
         self._stream_versions.extend(version for _, _, version in results)
         data = b"".join(piece for piece, _, _ in results)
         return RawChunk(data, "identity", sum(wire for _, wire, _ in results))
+
+
+def stream_versions_at_end(named: Sequence[str | None]) -> str | None:
+    """The version the server named after every chunk read, from the versions each
+    stream (or chunk part) that delivered chunks named at its end, in the order they
+    closed (None: cut, broken, or an older server): the last one's, when it named one
+    and every stream that named one named the same; else None (nothing fetched, the
+    last cut, two versions). A stream cut earlier, its chunks taken over at the tail,
+    is covered by a later end: the server named that version after every read those
+    chunks came from (they arrived before the cut, the later end after it)."""
+    if not named or named[-1] is None:
+        return None
+    return named[-1] if {v for v in named if v is not None} == {named[-1]} else None
 
 
 def _closed_unanswered(exc: BaseException, *, first: bool) -> bool:

@@ -239,7 +239,6 @@ async def _slow_manifest_server(
     return runner, port, asked
 
 
-
 async def _sync_past_slow_manifests(
     tmp_path: Path,
     ranged_delays_s: list[float],
