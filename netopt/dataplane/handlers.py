@@ -283,6 +283,7 @@ async def dataset_manifest(request: web.Request) -> web.Response:
             else byte_range(request.headers.get("Range"), len(body))
         )
     except RangeNotSatisfiable:
+        headers.pop("Content-Encoding", None)  # no body, so none encoded
         headers["Content-Range"] = f"bytes */{len(body)}"
         return web.Response(status=416, headers=headers)
     if asked is None:

@@ -692,15 +692,15 @@ class HttpChunkSource:
 
 def stream_versions_at_end(named: Sequence[str | None]) -> str | None:
     """The version the server named after every chunk read, from the versions each
-    stream (or chunk part) that delivered chunks named at its end, in the order they
-    closed (None: cut, broken, or an older server): the last one's, when it named one
-    and every stream that named one named the same; else None (nothing fetched, the
-    last cut, two versions). A stream cut earlier, its chunks taken over at the tail,
-    is covered by a later end: the server named that version after every read those
-    chunks came from (they arrived before the cut, the later end after it)."""
-    if not named or named[-1] is None:
+    stream (or chunk part) that delivered chunks named at its end (None: cut, broken,
+    or an older server): that version when every one named the same; else None
+    (nothing fetched, one cut or broken, two versions), and the sync asks. A stream cut
+    in the tail is not covered by another's end: the server may have read its last
+    chunks after that end frame was made (it reads a stream's chunks as its socket
+    drains)."""
+    if not named or None in named:
         return None
-    return named[-1] if {v for v in named if v is not None} == {named[-1]} else None
+    return named[0] if len(set(named)) == 1 else None
 
 
 def _closed_unanswered(exc: BaseException, *, first: bool) -> bool:

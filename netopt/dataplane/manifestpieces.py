@@ -8,17 +8,18 @@ round trip carries ``n`` pieces.
 
 The rule, as aria2c splits a download:
 
-- The server's total is unknown until its first answer, so the first pieces are
-  asked blind, in order from byte 0, `FIRST_PIECE_BYTES` each (a fresh connection's
-  first flight carries one with its headers). A piece past the end is answered 416
-  with the total; one that reaches past it is clipped. The first piece is asked twice,
-  on two connections, and the first copy to arrive is kept: a small manifest is that
-  piece alone, and on a lossy link a request that loses a packet waits out a
+- The server's total is unknown until its first answer, and so is whether it serves
+  ranges at all: only the first piece (`FIRST_PIECE_BYTES`: a fresh connection's
+  first flight carries it with its headers) is asked, on two connections at once,
+  and the first copy to arrive is kept. A small manifest is that piece alone (clipped
+  at the total), and on a lossy link a request that loses a packet waits out a
   retransmission timeout (on the lab's 140 ms, 1 % loss link a lone first piece came
-  two round trips late in about one sync in five).
-- Once the total is known, the bytes not asked for yet are shared out evenly: each
-  connection's next piece is an equal share (`Pieces.share_bytes`), one response
-  in which its window keeps growing, not a round trip per piece.
+  two round trips late in about one sync in five). A server that ignores ranges
+  answers those two with the whole body, as before pieces: asking every connection
+  blind would have made it build and send the body 16 times.
+- Once the total is known, the rest is shared out evenly: each connection's next
+  piece is an equal share (`Pieces.share_bytes`), one response in which its window
+  keeps growing, not a round trip per piece.
 - A connection with nothing left to ask takes over the second half of what remains
   of the piece with the most bytes still to come, if that is at least
   `MIN_STEAL_BYTES`; else all that remains of a piece whose owner read nothing for
@@ -38,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "COPIES_MAX",
     "FIRST_PIECE_BYTES",
     "MIN_STEAL_BYTES",
     "WAIT",
@@ -50,6 +52,12 @@ __all__ = [
 FIRST_PIECE_BYTES = 12 * 1024
 """A first piece: a fresh connection's first flight (10 segments, ~14 KB) carries it
 with the response's headers and TLS record overhead."""
+
+COPIES_MAX = 3
+"""The most asks of one piece in all (the first, a copy, a copy of that). A server slow
+to answer (not a lost packet) looks stalled too: each copy costs it the whole work
+again (a server that builds a large manifest per request, and ignores ranges, was
+asked 16 times before this bound)."""
 
 MIN_STEAL_BYTES = 16 * 1024
 """The least a connection takes over from another's piece (half its remaining bytes)."""
@@ -103,6 +111,8 @@ class _Ask:
     """The ask whose stalled rest this one copies (the first of the two to arrive wins)."""
     copied_by: int | None = None
     """The ask copying this one's rest."""
+    generation: int = 0
+    """0 for a piece asked first, 1 for a copy of it, 2 for a copy of that..."""
 
     @property
     def got(self) -> int:
@@ -128,7 +138,7 @@ class Pieces:
     max_total_bytes: int
     connections: int = 1
     copy_first: bool = True
-    """Whether the second ask copies the first piece."""
+    """Whether the second ask copies the first piece (else it waits for the total)."""
     total_bytes: int | None = None
     etag: str | None = None
     encoding: str | None = None
@@ -139,8 +149,7 @@ class Pieces:
     next_start: int = 0
     """Where the bytes not asked for yet begin."""
     share_bytes: int = FIRST_PIECE_BYTES
-    """A piece's size: `FIRST_PIECE_BYTES` until the total is known, then an even share
-    of the bytes not asked for by then."""
+    """A share: an even part of the bytes past the first piece, once the total is known."""
     held_bytes: int = 0
     steals: int = 0
     """Pieces split for an idle connection."""
@@ -152,16 +161,21 @@ class Pieces:
         self, start: int, end: int, now_s: float, copy_of: int | None = None
     ) -> tuple[int, int, int]:
         self._tickets += 1
-        self.asks[self._tickets] = _Ask(start, end, end, now_s, copy_of=copy_of)
+        generation = 0
         if copy_of is not None and copy_of in self.asks:
             self.asks[copy_of].copied_by = self._tickets
+            generation = self.asks[copy_of].generation + 1
+        self.asks[self._tickets] = _Ask(
+            start, end, end, now_s, copy_of=copy_of, generation=generation
+        )
         return start, end, self._tickets
 
     def next_range(
         self, now_s: float, stalled_after_s: float
     ) -> tuple[int, int, int] | Wait | None:
         """What a connection asks for next, as ``(start, end, ticket)``: a piece whose
-        owner failed; else the next share of the bytes not asked for; else the second
+        owner failed; else, until the total is known, the first piece (twice); else the
+        next share of the bytes not asked for; else the second
         half of what remains of the piece with the most still to come (its owner stops
         at that half), if that is `MIN_STEAL_BYTES` or more; else a copy of what remains
         of a piece whose owner read nothing for ``stalled_after_s`` (the first of the
@@ -173,19 +187,20 @@ class Pieces:
                 del self.asks[ticket]
                 return self._ask(ask.start, ask.end, now_s)
         total = self.total_bytes
-        if self.copy_first and self._tickets == 1 and 1 in self.asks and self.asks[1].alone():
+        if total is None and self._tickets == 0:
+            self.next_start = FIRST_PIECE_BYTES
+            return self._ask(0, FIRST_PIECE_BYTES, now_s)
+        if total is None and self.copy_first and self._tickets == 1 and 1 in self.asks:
             # The second ask copies the first piece: a small manifest is that piece alone
             # (the info's copies are for the same reason, `prefetch.META_COPIES`).
-            return self._ask(0, self.asks[1].end, now_s, copy_of=1)
-        if total is None or self.next_start < total:
+            return self._ask(0, FIRST_PIECE_BYTES, now_s, copy_of=1)
+        if total is not None and self.next_start < total:
             start = self.next_start
-            end = (
-                start + self.share_bytes if total is None else min(start + self.share_bytes, total)
-            )
+            end = min(start + self.share_bytes, total)
             self.next_start = end
             return self._ask(start, end, now_s)
         if not self.asks:
-            return None
+            return None if total is not None else WAIT
         alone = [(a.end - a.start - a.got, t) for t, a in self.asks.items() if a.alone()]
         left, ticket = max(alone, default=(0, 0))
         if left >= 2 * MIN_STEAL_BYTES:
@@ -199,6 +214,7 @@ class Pieces:
             for t, a in self.asks.items()
             if now_s - a.moved_at_s >= stalled_after_s
             and a.copied_by is None
+            and a.generation < COPIES_MAX - 1
             and a.end > a.start + a.got
         ]
         if not stalled:
@@ -211,18 +227,17 @@ class Pieces:
     def give_back(self, ticket: int) -> None:
         """The owner of ask ``ticket`` failed: what it read is kept, and the rest is
         handed out again by the next `next_range`, before new bytes (a failed copy is
-        dropped: its original goes on)."""
+        dropped with its own copies: its original goes on)."""
         ask = self.asks.get(ticket)
         if ask is None:
             return
         if ask.copy_of is not None:
-            # Dropped; a copy of it copies its original instead.
-            del self.asks[ticket]
+            # Dropped with the copies of it (each starts where the one before had read
+            # to: without it, they would not join up with its original).
+            self._drop(ticket)
             original = self.asks.get(ask.copy_of)
             if original is not None:
-                original.copied_by = ask.copied_by
-            if ask.copied_by is not None and ask.copied_by in self.asks:
-                self.asks[ask.copied_by].copy_of = ask.copy_of
+                original.copied_by = None
             return
         if ask.copied_by is not None and ask.copied_by in self.asks:
             copy = self.asks[ask.copied_by]
@@ -236,6 +251,13 @@ class Pieces:
         if rest_start < end:
             self._tickets += 1
             self.asks[self._tickets] = _Ask(rest_start, end, end, float("-inf"), owned=False)
+
+    def _drop(self, ticket: int) -> None:
+        """Forget ask ``ticket`` and its copies, and theirs (their owners stop at their
+        next block)."""
+        dropped = self.asks.pop(ticket, None)
+        while dropped is not None and dropped.copied_by is not None:
+            dropped = self.asks.pop(dropped.copied_by, None)
 
     def _end_at(self, ticket: int, end: int) -> None:
         """Ask ``ticket`` now ends at ``end`` (another ask fetches the rest), unlinked
@@ -251,11 +273,8 @@ class Pieces:
     def _hold(self, ticket: int) -> None:
         """Ask ``ticket``'s bytes are all in: keep them; drop its copy, or cut its
         original short where it starts."""
-        ask = self.asks.pop(ticket)
-        copy = ask.copied_by
-        while copy is not None:  # its copies, and theirs: their owners stop
-            dropped = self.asks.pop(copy, None)
-            copy = dropped.copied_by if dropped is not None else None
+        ask = self.asks[ticket]
+        self._drop(ticket)
         if ask.copy_of is not None:
             self._end_at(ask.copy_of, ask.start)
         if ask.end > ask.start:
@@ -322,7 +341,7 @@ class Pieces:
             return
         self.total_bytes = total
         for ticket in [t for t, ask in self.asks.items() if ask.start >= total]:
-            del self.asks[ticket]  # asked blind past the end: answered 416, never with data
+            del self.asks[ticket]  # past the end (an empty body): answered 416, never with data
         for ask in self.asks.values():
             ask.end = min(ask.end, total)
         self.next_start = min(self.next_start, total)

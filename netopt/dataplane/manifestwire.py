@@ -89,6 +89,8 @@ def byte_range(header: str | None, total_bytes: int) -> tuple[int, int] | None:
     first, dash, last = spec.strip().partition("-")
     if not dash or not _digits(first, last):
         return None
+    if total_bytes == 0 and (first or last):
+        raise RangeNotSatisfiable(f"bytes={spec.strip()} of an empty body")
     if not first:  # a suffix: the last N bytes
         if not last:
             return None

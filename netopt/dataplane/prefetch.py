@@ -103,8 +103,8 @@ MANIFEST_CONNECTIONS = 16
 """Connections the manifest is fetched over as byte ranges (`fetch_pieces`). On the lab's
 140 ms, 80 Mbit/s, 1 % loss link, a 100k-file tree's 4.8 MB manifest (four runs each):
 one connection 2.37-2.64 s, 8 connections 2.16-2.56 s, 16 2.01-2.32 s, 24 1.93-2.31 s;
-a 5,600-file tree's 415 KB one went from ~1.3 s to ~1.0 s. More connections are
-mostly handshakes (a small manifest's extra pieces are answered 416)."""
+a 5,600-file tree's 415 KB one went from ~1.3 s to ~1.0 s. A small manifest uses two
+of them (its first piece, asked twice); the others only connect."""
 
 PIECE_POLL_S = 0.01
 """How often a connection with nothing to ask looks again (a piece may stall)."""
@@ -171,6 +171,8 @@ class _Prefetch:
     receiving: set[str] = field(default_factory=set)
     """Answers whose 200 headers came and whose body is being read (by one copy)."""
     sockets: list[socket.socket] = field(default_factory=list)
+    gave_up: set[str] = field(default_factory=set)
+    """Answers that will not come, whatever threads are still running (`_failed`)."""
     pieces: Pieces | None = None
     """The manifest's byte ranges (`fetch_pieces`); None once whole, broken or not used."""
     piece_first_byte_s: float = float("inf")
@@ -214,7 +216,7 @@ class _Prefetch:
 
         try:
             conn = self._connected()
-        except OSError:
+        except (OSError, ValueError):  # (a host name IDNA refuses is a ValueError)
             return  # the normal path asks again and reports what is wrong
         try:
             asked_s = time.monotonic()
@@ -274,7 +276,7 @@ class _Prefetch:
 
         try:
             conn = self._connected()
-        except OSError:
+        except (OSError, ValueError):
             return
         asked: tuple[int, int, int] | Wait | None = None
         try:
@@ -286,12 +288,16 @@ class _Prefetch:
                 if isinstance(asked, Wait):
                     time.sleep(PIECE_POLL_S)
                     continue
-                if asked is None or not self._piece(conn, path, asked, max_bytes):
+                if asked is None:
+                    with self.lock:
+                        if self.pieces is not None and not self.pieces.done():
+                            raise PiecesBroken("nothing left to ask, and the body is not whole")
+                    return
+                if not self._piece(conn, path, asked, max_bytes):
                     return
                 asked = None
         except PiecesBroken:
-            with self.lock:
-                self.pieces = None  # the other connections stop too
+            self._give_up_pieces()
         except (OSError, ValueError, RecursionError, http.client.HTTPException, ProtocolError):
             pass
         finally:
@@ -319,6 +325,8 @@ class _Prefetch:
         resp = conn.getresponse()
         first_byte_s = time.monotonic() - asked_s
         if resp.status == 200:  # ranges ignored: the whole manifest
+            with self.lock:
+                self.pieces = None  # the connections waiting for a total stop
             self._whole("manifest", resp, first_byte_s, max_bytes)
             return False
         if resp.status == 416:
@@ -341,8 +349,8 @@ class _Prefetch:
             )
             self.receiving.add("manifest")
             self.piece_first_byte_s = min(self.piece_first_byte_s, first_byte_s)
-        if length == 0 or (resp.length is not None and resp.length != length):
-            return False
+        if length == 0 or resp.length != length:
+            return False  # taken over meanwhile, or a body not of the range's length
         read = 0
         more = True
         while more and read < length:
@@ -357,12 +365,16 @@ class _Prefetch:
                 more = pieces.received(ticket, block, time.monotonic())
                 body = self._whole_body(pieces)
             if body is not None:
-                self._decoded("manifest", body[0], body[1], self.piece_first_byte_s, max_bytes)
+                try:
+                    self._decoded("manifest", *body, self.piece_first_byte_s, max_bytes)
+                except BaseException:
+                    self._give_up_pieces()
+                    raise
                 return False
         if read < length:
             return False  # another connection took the rest over: this answer is not read
-        resp.read()  # nothing left: marks the answer read, the connection reusable
-        return True
+        # Nothing is left (its Content-Length was the piece's): the connection is reusable.
+        return not resp.read(1)
 
     def _whole_body(self, pieces: Pieces) -> tuple[bytes, str | None] | None:
         """The manifest's body and coding once every piece is in, for one connection to
@@ -380,6 +392,14 @@ class _Prefetch:
         rest over (`PIECE_STALL_RTTS`, `PIECE_STALL_MIN_S`; under the lock)."""
         rtt_s = min(self.handshakes_s, default=TLS_UNKNOWN_RTT_S)
         return max(PIECE_STALL_MIN_S, PIECE_STALL_RTTS * rtt_s)
+
+    def _give_up_pieces(self) -> None:
+        """The pieces will not make the manifest: the other connections stop, and the
+        normal path need not wait for them (`_failed`)."""
+        with self.lock:
+            self.pieces = None
+            self.receiving.discard("manifest")
+            self.gave_up.add("manifest")
 
     def _pieces(self) -> Pieces | None:
         """`pieces` as it is now (another connection may have ended the fetch)."""
@@ -573,7 +593,8 @@ def _failed(pre: _Prefetch) -> bool:
     """True once every copy of an answer still missing has ended: it will not come."""
     ended = {key for key, copies in pre.fetchers.items() if not any(t.is_alive() for t in copies)}
     # Looked at after the threads: a copy that ended stored its answer before.
-    return bool(_missing(pre) & (ended | ({"info", "manifest"} - set(pre.fetchers))))
+    given_up = ended | pre.gave_up | ({"info", "manifest"} - set(pre.fetchers))
+    return bool(_missing(pre) & given_up)
 
 
 def _answer(pre: _Prefetch, host: str, port: int) -> MetaAnswer | None:

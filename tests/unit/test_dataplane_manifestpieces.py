@@ -10,6 +10,7 @@ import os
 import pytest
 
 from netopt.dataplane.manifestpieces import (
+    COPIES_MAX,
     FIRST_PIECE_BYTES,
     MIN_STEAL_BYTES,
     WAIT,
@@ -43,102 +44,76 @@ def _answer(
     return pieces.received(ticket, body[start : start + (length if read is None else read)], now_s)
 
 
-def _second_piece_in(body: bytes) -> tuple[Pieces, tuple[int, int, int]]:
-    """Two connections' first pieces of ``body`` (a first piece and 1,000 bytes more)
-    asked, the second in: the pieces and the first one's ask (its owner read nothing)."""
-    pieces = Pieces(10_000_000, copy_first=False, connections=2)
-    a = pieces.next_range(0.0, STALL_S)
-    b = pieces.next_range(0.0, STALL_S)
-    assert isinstance(a, tuple)
-    assert isinstance(b, tuple)
-    _answer(pieces, b, body)
-    return pieces, a
+def _asked(pieces: Pieces, now_s: float = 0.0) -> tuple[int, int, int]:
+    asked = pieces.next_range(now_s, STALL_S)
+    assert isinstance(asked, tuple), asked
+    return asked
 
 
-def test_a_body_comes_whole_from_blind_first_pieces_then_even_shares() -> None:
-    body = os.urandom(1_000_000)
-    pieces = Pieces(10_000_000, copy_first=False, connections=4)
-    first = [pieces.next_range(0.0, STALL_S) for _ in range(4)]
-    # Blind, in order from byte 0, one first flight each.
-    assert [a[:2] for a in first if isinstance(a, tuple)] == [
-        (i * FIRST_PIECE_BYTES, (i + 1) * FIRST_PIECE_BYTES) for i in range(4)
-    ]
-    for asked in first:
-        assert isinstance(asked, tuple)
-        _answer(pieces, asked, body)
-    assert pieces.total_bytes == len(body)
-    # The rest is shared out evenly over the 4 connections: one answer each.
-    shares = [pieces.next_range(0.1, STALL_S) for _ in range(4)]
-    assert all(isinstance(s, tuple) for s in shares)
-    sizes = [s[1] - s[0] for s in shares if isinstance(s, tuple)]
-    assert sum(sizes) == len(body) - 4 * FIRST_PIECE_BYTES
-    assert max(sizes) - min(sizes) <= 4
-    for asked in shares:
-        assert isinstance(asked, tuple)
-        _answer(pieces, asked, body)
+def _first_in(body: bytes, connections: int) -> Pieces:
+    """Pieces of ``body`` whose first piece came whole (the total is known)."""
+    pieces = Pieces(10_000_000, copy_first=False, connections=connections)
+    _answer(pieces, _asked(pieces), body)
+    return pieces
+
+
+def _done(pieces: Pieces, body: bytes) -> None:
     assert pieces.done()
     assert pieces.body() == body
+
+
+def test_the_first_piece_then_even_shares_of_the_rest() -> None:
+    body = os.urandom(1_000_000)
+    pieces = Pieces(10_000_000, copy_first=False, connections=4)
+    first = _asked(pieces)
+    assert first[:2] == (0, FIRST_PIECE_BYTES)
+    # Until the total is known nothing else is asked: a server that ignores ranges
+    # would send the whole body to every connection.
+    assert pieces.next_range(0.0, STALL_S) is WAIT
+    _answer(pieces, first, body)
+    assert pieces.total_bytes == len(body)
+    # The rest is shared out evenly over the 4 connections: one answer each.
+    shares = [_asked(pieces, 0.1) for _ in range(4)]
+    sizes = [end - start for start, end, _ in shares]
+    assert sum(sizes) == len(body) - FIRST_PIECE_BYTES
+    assert max(sizes) - min(sizes) <= 4
+    for asked in shares:
+        _answer(pieces, asked, body)
+    _done(pieces, body)
     assert pieces.next_range(0.2, STALL_S) is None
 
 
-def test_blind_pieces_past_the_end_learn_the_total_from_a_416() -> None:
-    body = os.urandom(FIRST_PIECE_BYTES + 100)
+def test_a_small_body_is_the_first_piece_clipped_and_an_empty_one_a_416() -> None:
+    small = os.urandom(100)
     pieces = Pieces(10_000_000, copy_first=False, connections=3)
-    asks = [pieces.next_range(0.0, STALL_S) for _ in range(3)]
-    assert all(isinstance(a, tuple) for a in asks)
-    third = asks[2]
-    assert isinstance(third, tuple)
-    pieces.past_end(third[2], len(body))  # 416: bytes */TOTAL
-    assert pieces.total_bytes == len(body)
-    second = asks[1]
-    assert isinstance(second, tuple)
-    # The second piece is clipped at the total: 100 bytes.
-    assert not _answer(pieces, second, body)
-    assert len(pieces.held[FIRST_PIECE_BYTES]) == 100
-    first = asks[0]
-    assert isinstance(first, tuple)
-    _answer(pieces, first, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    assert not _answer(pieces, _asked(pieces), small)
+    _done(pieces, small)
+    assert pieces.next_range(0.0, STALL_S) is None
+    empty = Pieces(10_000_000, copy_first=False, connections=3)
+    empty.past_end(_asked(empty)[2], 0)  # 416: bytes */0
+    _done(empty, b"")
 
 
 def test_the_first_piece_is_asked_twice_and_the_first_copy_to_arrive_is_kept() -> None:
     body = os.urandom(5000)  # a small manifest: the first piece alone
     for copy_wins in (True, False):
         pieces = Pieces(10_000_000, connections=4)
-        asks = [pieces.next_range(0.0, STALL_S) for _ in range(4)]
-        assert [a[:2] for a in asks if isinstance(a, tuple)] == [
-            (0, FIRST_PIECE_BYTES),
-            (0, FIRST_PIECE_BYTES),
-            (FIRST_PIECE_BYTES, 2 * FIRST_PIECE_BYTES),
-            (2 * FIRST_PIECE_BYTES, 3 * FIRST_PIECE_BYTES),
-        ]
-        original, copy, past, further = asks
-        assert isinstance(original, tuple)
-        assert isinstance(copy, tuple)
-        assert isinstance(past, tuple)
-        assert isinstance(further, tuple)
-        pieces.past_end(past[2], len(body))
-        pieces.past_end(further[2], len(body))
+        original, copy = _asked(pieces), _asked(pieces)
+        assert original[:2] == copy[:2] == (0, FIRST_PIECE_BYTES)
+        assert pieces.next_range(0.0, STALL_S) is WAIT
         first, second = (copy, original) if copy_wins else (original, copy)
         assert not _answer(pieces, first, body)
-        assert pieces.done()
-        assert pieces.body() == body
+        _done(pieces, body)
         assert pieces.answered(second[2], _range(0, len(body), len(body)), ETAG, "zstd") == 0
 
 
 def test_an_idle_connection_takes_over_half_of_a_large_piece() -> None:
     body = os.urandom(400_000)
-    pieces = Pieces(10_000_000, copy_first=False, connections=1)
-    head = pieces.next_range(0.0, STALL_S)
-    assert isinstance(head, tuple)
-    _answer(pieces, head, body)
-    rest = pieces.next_range(0.1, STALL_S)  # one connection: all the rest
-    assert isinstance(rest, tuple)
+    pieces = _first_in(body, connections=1)
+    rest = _asked(pieces, 0.1)  # one connection: all the rest
     assert rest[1] == len(body)
     assert _answer(pieces, rest, body, read=100_000)  # 100 KB read so far: reads on
-    thief = pieces.next_range(0.2, STALL_S)
-    assert isinstance(thief, tuple)
+    thief = _asked(pieces, 0.2)
     left = rest[1] - rest[0] - 100_000
     assert thief[0] == rest[0] + 100_000 + left // 2
     assert thief[1] == len(body)
@@ -149,135 +124,128 @@ def test_an_idle_connection_takes_over_half_of_a_large_piece() -> None:
     assert not pieces.received(rest[2], more, 0.3)
     assert not pieces.done()
     assert not _answer(pieces, thief, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _done(pieces, body)
 
 
 def test_a_small_piece_is_never_split_below_the_least_take_over() -> None:
     body = os.urandom(FIRST_PIECE_BYTES + 2 * MIN_STEAL_BYTES - 1)
-    pieces = Pieces(10_000_000, copy_first=False, connections=1)
-    head = pieces.next_range(0.0, STALL_S)
-    assert isinstance(head, tuple)
-    _answer(pieces, head, body)
-    rest = pieces.next_range(0.0, STALL_S)
-    assert isinstance(rest, tuple)
+    pieces = _first_in(body, connections=1)
+    _asked(pieces)
     assert pieces.next_range(0.1, STALL_S) is WAIT  # too small to split, not stalled
 
 
 def test_a_stalled_piece_gets_a_copy_and_the_first_to_arrive_is_kept() -> None:
-    body = os.urandom(FIRST_PIECE_BYTES + 1000)
+    body = os.urandom(5000)
     for copy_first in (True, False):
-        pieces, a = _second_piece_in(body)
+        pieces = Pieces(10_000_000, copy_first=False, connections=2)
+        a = _asked(pieces)
         assert pieces.next_range(0.1, STALL_S) is WAIT
-        copy = pieces.next_range(0.3, STALL_S)
-        assert isinstance(copy, tuple)
+        copy = _asked(pieces, 0.3)
         assert copy[:2] == a[:2]  # its owner read nothing yet
         assert pieces.copies == 1
         assert pieces.next_range(0.4, STALL_S) is WAIT  # the copy has not stalled yet
         first, second = (copy, a) if copy_first else (a, copy)
         _answer(pieces, first, body)
         # The other arrives late: its ask is gone, it reads nothing more.
-        late = pieces.answered(second[2], _range(0, FIRST_PIECE_BYTES, len(body)), ETAG, "zstd")
+        late = pieces.answered(second[2], _range(0, len(body), len(body)), ETAG, "zstd")
         assert late == 0
         assert not pieces.received(second[2], body[:10], 1.0)
-        assert pieces.done()
-        assert pieces.body() == body
+        _done(pieces, body)
 
 
 def test_a_copy_that_stalls_too_is_copied_in_turn() -> None:
-    body = os.urandom(FIRST_PIECE_BYTES + 1000)
-    pieces, a = _second_piece_in(body)
-    copy = pieces.next_range(0.3, STALL_S)
-    assert isinstance(copy, tuple)
-    again = pieces.next_range(0.6, STALL_S)  # the copy read nothing for 0.3 s either
-    assert isinstance(again, tuple)
+    body = os.urandom(5000)
+    pieces = Pieces(10_000_000, copy_first=False, connections=3)
+    a = _asked(pieces)
+    copy = _asked(pieces, 0.3)
+    again = _asked(pieces, 0.6)  # the copy read nothing for 0.3 s either
     assert again[:2] == a[:2]
     assert pieces.next_range(0.7, STALL_S) is WAIT
     _answer(pieces, again, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _done(pieces, body)
     # The two stalled asks are gone: what they bring later is not taken.
     for late in (a, copy):
-        assert pieces.answered(late[2], _range(0, FIRST_PIECE_BYTES, len(body)), ETAG, "zstd") == 0
+        assert pieces.answered(late[2], _range(0, len(body), len(body)), ETAG, "zstd") == 0
+
+
+def test_a_piece_is_asked_at_most_copies_max_times() -> None:
+    # A server slow to answer (it builds a large body per request) looks stalled: the
+    # copies stop at `COPIES_MAX` asks of the piece, however long it takes.
+    pieces = Pieces(10_000_000, connections=16)
+    asks = [_asked(pieces), _asked(pieces)]  # the first piece, twice
+    asks += [_asked(pieces, 0.3 * n) for n in range(1, COPIES_MAX - 1)]
+    assert len(asks) == COPIES_MAX
+    assert all(a[:2] == (0, FIRST_PIECE_BYTES) for a in asks)
+    for now_s in (10.0, 100.0):
+        assert pieces.next_range(now_s, STALL_S) is WAIT
 
 
 def test_a_copy_of_a_partly_read_piece_fetches_only_the_rest() -> None:
     body = os.urandom(FIRST_PIECE_BYTES + 1000)
-    pieces, a = _second_piece_in(body)
+    pieces = Pieces(10_000_000, copy_first=False, connections=2)
+    a = _asked(pieces)
     assert _answer(pieces, a, body, read=5000)
-    copy = pieces.next_range(0.3, STALL_S)
-    assert isinstance(copy, tuple)
+    _answer(pieces, _asked(pieces, 0.1), body)  # the rest past the first piece
+    copy = _asked(pieces, 0.3)
     assert copy[:2] == (5000, FIRST_PIECE_BYTES)
     # The copy comes first: the owner's 5,000 bytes are kept at once, without waiting
     # for its next block (which may be seconds away); that block finds it done.
     _answer(pieces, copy, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _done(pieces, body)
     assert not pieces.received(a[2], body[5000:7000], 0.4)
 
 
 def test_a_failed_owner_s_piece_is_asked_again_first() -> None:
     body = os.urandom(3 * FIRST_PIECE_BYTES)
-    pieces = Pieces(10_000_000, copy_first=False, connections=3)
-    asks = [pieces.next_range(0.0, STALL_S) for _ in range(3)]
-    first = asks[0]
-    assert isinstance(first, tuple)
-    pieces.give_back(first[2])  # its connection broke before any byte
-    again = pieces.next_range(0.1, STALL_S)
-    assert isinstance(again, tuple)
-    assert again[:2] == first[:2]
-    assert again[2] != first[2]
-    for asked in (again, asks[1], asks[2]):
-        assert isinstance(asked, tuple)
+    pieces = _first_in(body, connections=2)
+    share = _asked(pieces)
+    other = _asked(pieces)
+    pieces.give_back(share[2])  # its connection broke before any byte
+    again = _asked(pieces, 0.1)
+    assert again[:2] == share[:2]
+    assert again[2] != share[2]
+    for asked in (again, other):
         _answer(pieces, asked, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _done(pieces, body)
 
 
 def test_what_a_failed_owner_read_is_kept_and_only_the_rest_asked_again() -> None:
-    body = os.urandom(2 * FIRST_PIECE_BYTES)
-    pieces = Pieces(10_000_000, copy_first=False, connections=2)
-    a = pieces.next_range(0.0, STALL_S)
-    b = pieces.next_range(0.0, STALL_S)
-    assert isinstance(a, tuple)
-    assert isinstance(b, tuple)
-    assert _answer(pieces, a, body, read=3000)
-    pieces.give_back(a[2])
-    rest = pieces.next_range(0.1, STALL_S)
-    assert isinstance(rest, tuple)
-    assert rest[:2] == (3000, FIRST_PIECE_BYTES)
+    body = os.urandom(3 * FIRST_PIECE_BYTES)
+    pieces = _first_in(body, connections=2)
+    share = _asked(pieces)
+    other = _asked(pieces)
+    assert _answer(pieces, share, body, read=3000)
+    pieces.give_back(share[2])
+    rest = _asked(pieces, 0.1)
+    assert rest[:2] == (share[0] + 3000, share[1])
     _answer(pieces, rest, body)
-    _answer(pieces, b, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _answer(pieces, other, body)
+    _done(pieces, body)
 
 
 def test_a_failed_original_stops_where_its_copy_starts() -> None:
-    body = os.urandom(FIRST_PIECE_BYTES + 1000)
-    pieces, a = _second_piece_in(body)
+    body = os.urandom(5000)
+    pieces = Pieces(10_000_000, copy_first=False, connections=2)
+    a = _asked(pieces)
     assert _answer(pieces, a, body, read=4000)
-    copy = pieces.next_range(0.3, STALL_S)
-    assert isinstance(copy, tuple)
+    copy = _asked(pieces, 0.3)
     pieces.give_back(a[2])  # its 4,000 bytes are kept; the copy fetches the rest
     assert pieces.next_range(0.4, 10.0) is WAIT
     _answer(pieces, copy, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _done(pieces, body)
 
 
 def test_a_failed_copy_is_dropped_and_its_original_may_be_copied_again() -> None:
-    body = os.urandom(FIRST_PIECE_BYTES + 1000)
-    pieces, a = _second_piece_in(body)
-    copy = pieces.next_range(0.3, STALL_S)
-    assert isinstance(copy, tuple)
+    body = os.urandom(5000)
+    pieces = Pieces(10_000_000, copy_first=False, connections=2)
+    a = _asked(pieces)
+    copy = _asked(pieces, 0.3)
     pieces.give_back(copy[2])
-    again = pieces.next_range(0.6, STALL_S)
-    assert isinstance(again, tuple)
+    again = _asked(pieces, 0.6)
     assert again[:2] == a[:2]
     assert again[2] not in (a[2], copy[2])
     _answer(pieces, a, body)
-    assert pieces.done()
-    assert pieces.body() == body
+    _done(pieces, body)
 
 
 @pytest.mark.parametrize(
@@ -297,13 +265,9 @@ def test_a_failed_copy_is_dropped_and_its_original_may_be_copied_again() -> None
 )
 def test_a_piece_that_lies_breaks_the_fetch(lie: str, message: str) -> None:
     body = os.urandom(3 * FIRST_PIECE_BYTES)
-    pieces = Pieces(1_000_000, copy_first=False, connections=2)
-    a = pieces.next_range(0.0, STALL_S)
-    b = pieces.next_range(0.0, STALL_S)
-    assert isinstance(a, tuple)
-    assert isinstance(b, tuple)
-    _answer(pieces, a, body)
-    start, end, ticket = b
+    pieces = Pieces(1_000_000, copy_first=False, connections=1)
+    _answer(pieces, _asked(pieces), body)
+    start, end, ticket = _asked(pieces)
     total = len(body)
     headers = {
         "etag": (_range(start, end, total), '"v2"', "zstd"),
@@ -322,19 +286,15 @@ def test_a_piece_that_lies_breaks_the_fetch(lie: str, message: str) -> None:
 
 
 def test_a_416_for_a_piece_inside_the_body_breaks_the_fetch() -> None:
-    pieces = Pieces(1_000_000, copy_first=False, connections=2)
-    pieces.next_range(0.0, STALL_S)
-    b = pieces.next_range(0.0, STALL_S)
-    assert isinstance(b, tuple)
+    pieces = Pieces(1_000_000, copy_first=False, connections=1)
     with pytest.raises(PiecesBroken, match="past the end"):
-        pieces.past_end(b[2], 5 * FIRST_PIECE_BYTES)
+        pieces.past_end(_asked(pieces)[2], 5 * FIRST_PIECE_BYTES)
 
 
 def test_a_block_past_a_piece_s_end_is_dropped() -> None:
     body = os.urandom(FIRST_PIECE_BYTES + 10)
     pieces = Pieces(1_000_000, copy_first=False, connections=1)
-    a = pieces.next_range(0.0, STALL_S)
-    assert isinstance(a, tuple)
+    a = _asked(pieces)
     pieces.answered(a[2], _range(0, FIRST_PIECE_BYTES, len(body)), ETAG, "zstd")
     assert not pieces.received(a[2], body + b"x" * 100, 0.1)
     with pytest.raises(PiecesBroken, match="not whole"):
@@ -378,3 +338,9 @@ def test_byte_range_follows_rfc_9110(header: str | None, expected: tuple[int, in
 def test_a_range_past_the_end_is_not_satisfiable(header: str) -> None:
     with pytest.raises(RangeNotSatisfiable):
         byte_range(header, 1000)
+
+
+@pytest.mark.parametrize("header", ["bytes=0-", "bytes=-5", "bytes=0-0"])
+def test_no_range_of_an_empty_body_is_satisfiable(header: str) -> None:
+    with pytest.raises(RangeNotSatisfiable):
+        byte_range(header, 0)
