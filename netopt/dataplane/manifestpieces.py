@@ -2,8 +2,8 @@
 
 On a long link a large manifest is held back by one connection's slow start, not by
 the link: on the lab's 140 ms, 80 Mbit/s, 1 % loss link a 100k-file tree's manifest
-(4.8 MB of zstd) took 1.5-2.3 s over one connection, a 5,600-file tree's (415 KB)
-~1 s. Asked as pieces over ``n`` connections, each in its own slow start, the first
+(4.8 MB of zstd) took 2.4-3.0 s over one connection, a 7,947-file tree's (415 KB)
+~1.3 s. Asked as pieces over ``n`` connections, each in its own slow start, the first
 round trip carries ``n`` pieces.
 
 The rule, as aria2c splits a download:
