@@ -352,7 +352,7 @@ class NetoptSource(Source):
             max_streams=opts.max_streams,
             meta_bytes=overhead_bytes,
             files=len(manifest.files),
-            fetch_bytes=sum(manifest.unique_chunks().values()),
+            fetch_bytes=manifest.unique_bytes,
         )
         plan = plan_with(cpu)
         if cpu.per_file_s is None and opts.file_cost_dir is not None:

@@ -205,7 +205,7 @@ async def sync_url(
             figures=figures,
             meta_bytes=overhead_bytes,
             files=len(manifest.files),
-            fetch_bytes=sum(manifest.unique_chunks().values()),
+            fetch_bytes=manifest.unique_bytes,
         )
         if on_plan is not None:
             on_plan(plan)

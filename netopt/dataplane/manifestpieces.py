@@ -47,6 +47,8 @@ __all__ = [
     "PiecesBroken",
     "Wait",
     "content_range",
+    "is_decimal",
+    "stalled_after_s",
 ]
 
 FIRST_PIECE_BYTES = 12 * 1024
@@ -58,6 +60,12 @@ COPIES_MAX = 3
 to answer (not a lost packet) looks stalled too: each copy costs it the whole work
 again (a server that builds a large manifest per request, and ignores ranges, was
 asked 16 times before this bound)."""
+
+STALL_RTTS = 2.0
+STALL_MIN_S = 0.2
+STALL_UNKNOWN_RTT_S = 0.1
+"""`stalled_after_s`: a lost packet costs a piece's owner a retransmission timeout
+(~0.4 s at 140 ms; Linux's least is 0.2 s), fast retransmit about one round trip."""
 
 MIN_STEAL_BYTES = 16 * 1024
 """The least a connection takes over from another's piece (half its remaining bytes)."""
@@ -75,13 +83,13 @@ def content_range(header: str | None) -> tuple[int, int, int] | tuple[None, None
         raise PiecesBroken("a ranged answer without Content-Range")
     unit, _, rest = header.strip().partition(" ")
     span, slash, total_text = rest.strip().partition("/")
-    if unit.lower() != "bytes" or not slash or not _number(total_text):
+    if unit.lower() != "bytes" or not slash or not is_decimal(total_text):
         raise PiecesBroken(f"Content-Range {header[:80]!r} is not bytes A-B/N")
     total = int(total_text)
     if span == "*":
         return None, None, total
     first, dash, last = span.partition("-")
-    if not dash or not _number(first) or not _number(last):
+    if not dash or not is_decimal(first) or not is_decimal(last):
         raise PiecesBroken(f"Content-Range {header[:80]!r} is not bytes A-B/N")
     start, end = int(first), int(last) + 1
     if not start < end <= total:
@@ -89,8 +97,17 @@ def content_range(header: str | None) -> tuple[int, int, int] | tuple[None, None
     return start, end, total
 
 
-def _number(text: str) -> bool:
+def is_decimal(text: str) -> bool:
+    """1 to 19 ASCII digits (a byte position or count in a range header: never a huge
+    integer, never a non-ASCII digit that ``int`` would take)."""
     return 0 < len(text) <= 19 and text.isascii() and text.isdigit()
+
+
+def stalled_after_s(rtt_s: float | None) -> float:
+    """How long a piece's owner reads nothing before an idle connection asks for a copy
+    of its rest: `STALL_RTTS` round trips (`STALL_UNKNOWN_RTT_S` before one is known),
+    at least `STALL_MIN_S`."""
+    return max(STALL_MIN_S, STALL_RTTS * (STALL_UNKNOWN_RTT_S if rtt_s is None else rtt_s))
 
 
 @dataclass

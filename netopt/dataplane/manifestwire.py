@@ -26,6 +26,7 @@ from __future__ import annotations
 import zstandard
 
 from netopt.dataplane.limits import BodyTooLarge
+from netopt.dataplane.manifestpieces import is_decimal
 from netopt.errors import ProtocolError
 
 __all__ = [
@@ -108,8 +109,8 @@ def byte_range(header: str | None, total_bytes: int) -> tuple[int, int] | None:
 
 
 def _digits(*parts: str) -> bool:
-    """Each part empty or ASCII digits only (at most 19 of them: no huge integers)."""
-    return all(p == "" or (len(p) <= 19 and p.isascii() and p.isdigit()) for p in parts)
+    """Each part empty or `is_decimal`."""
+    return all(p == "" or is_decimal(p) for p in parts)
 
 
 def compress_manifest(canonical_json: bytes) -> bytes:

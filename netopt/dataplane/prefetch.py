@@ -40,7 +40,13 @@ from netopt.dataplane.limits import (
     MAX_MANIFEST_BYTES,
     check_manifest_shape,
 )
-from netopt.dataplane.manifestpieces import Pieces, PiecesBroken, Wait, content_range
+from netopt.dataplane.manifestpieces import (
+    Pieces,
+    PiecesBroken,
+    Wait,
+    content_range,
+    stalled_after_s,
+)
 from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ConfigError, ProtocolError
 from netopt.tlsconf import client_context, current_client_tls, is_loopback
@@ -110,13 +116,6 @@ others only connect."""
 
 PIECE_POLL_S = 0.01
 """How often a connection with nothing to ask looks again (a piece may stall)."""
-
-PIECE_STALL_RTTS = 2.0
-PIECE_STALL_MIN_S = 0.2
-"""A piece whose owner read nothing for `PIECE_STALL_RTTS` round trips, and at least
-`PIECE_STALL_MIN_S` (Linux's least retransmission timeout), is taken over by an idle
-connection: a lost packet costs its owner a retransmission timeout (~0.4 s at 140 ms);
-fast retransmit recovers within about one round trip."""
 
 PIECE_READ_BYTES = 64 * 1024
 """A piece is read in blocks of at most this (each noted: another connection may take
@@ -286,7 +285,9 @@ class _Prefetch:
                 with self.lock:
                     if self.closed or self.pieces is None or "manifest" in self.answers:
                         return
-                    asked = self.pieces.next_range(time.monotonic(), self._stalled_after_s())
+                    asked = self.pieces.next_range(
+                        time.monotonic(), stalled_after_s(min(self.handshakes_s, default=None))
+                    )
                 if isinstance(asked, Wait):
                     time.sleep(PIECE_POLL_S)
                     continue
@@ -388,12 +389,6 @@ class _Prefetch:
         STATS["manifest_takeovers"] += pieces.steals + pieces.copies
         trace.mark("manifest_pieces_in")
         return pieces.body(), pieces.encoding
-
-    def _stalled_after_s(self) -> float:
-        """How long a piece's owner reads nothing before an idle connection takes the
-        rest over (`PIECE_STALL_RTTS`, `PIECE_STALL_MIN_S`; under the lock)."""
-        rtt_s = min(self.handshakes_s, default=TLS_UNKNOWN_RTT_S)
-        return max(PIECE_STALL_MIN_S, PIECE_STALL_RTTS * rtt_s)
 
     def _give_up_pieces(self) -> None:
         """The pieces will not make the manifest: the other connections stop, and the

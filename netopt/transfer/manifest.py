@@ -117,6 +117,11 @@ class Manifest:
         return out
 
     @functools.cached_property
+    def unique_bytes(self) -> int:
+        """Bytes of its chunks, each once: what a sync with nothing in hand fetches."""
+        return sum(self.unique_chunks().values())
+
+    @functools.cached_property
     def canonical_json(self) -> bytes:
         """The canonical JSON form (sorted keys, no spaces), made once: it names the
         version (`manifest_id`) and is what the cache stores, so a sync of a tree

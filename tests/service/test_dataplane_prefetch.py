@@ -264,7 +264,7 @@ async def _sync_past_slow_manifests(
 async def test_a_stalled_piece_of_a_prefetched_manifest_is_taken_over(tmp_path: Path) -> None:
     # The manifest is small: its first piece, which the prefetch asks for twice. Both
     # asks stall 5 s (as requests whose packets were lost wait out retransmission
-    # timeouts); an idle connection asks for a third copy (`PIECE_STALL_MIN_S` on
+    # timeouts); an idle connection asks for a third copy (`manifestpieces.STALL_MIN_S` on
     # loopback), answered at once, and the prefetch's manifest is used: the sync does
     # not wait for the stalls.
     files = make_dataset(tmp_path / "src")

@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 
 from netopt.dataplane import prefetch
 from netopt.dataplane.client import sync_url
-from netopt.dataplane.manifestpieces import FIRST_PIECE_BYTES
+from netopt.dataplane.manifestpieces import FIRST_PIECE_BYTES, MIN_STEAL_BYTES
 from netopt.dataplane.manifestwire import RangeNotSatisfiable, byte_range, compress_manifest
 from netopt.transfer.manifest import Manifest, manifest_from_dict
 from tests.service.dataplane_helpers import (
@@ -138,7 +138,9 @@ async def _serve_tampered(root: Path, tamper: Tamper) -> tuple[web.AppRunner, in
 
 
 async def test_a_large_manifest_arrives_in_pieces_over_several_connections(tmp_path: Path) -> None:
-    _many_files(tmp_path / "src")
+    # 20,000 files: ~820 KB of manifest, shares of ~50 KB, so pieces can also be split
+    # at the tail (a fifth of the lab's 100,000-file tree, whose 4.8 MB it was built for).
+    _many_files(tmp_path / "src", 20_000)
     ranges: list[str] = []
 
     async def note(req: web.Request, handler: Handler, body: bytes, etag: str):
@@ -153,7 +155,7 @@ async def test_a_large_manifest_arrives_in_pieces_over_several_connections(tmp_p
     assert doc is not None
     assert manifest_from_dict(doc) == manifest
     size = len(compress_manifest(manifest.canonical_json))
-    assert size > 4 * FIRST_PIECE_BYTES * 2  # more than a first round of pieces
+    assert size > prefetch.MANIFEST_CONNECTIONS * 2 * MIN_STEAL_BYTES  # shares worth splitting
     # Every request asked for a range; the first piece came, then a share per
     # connection; nothing asked blind past the end, and a few take-overs at most.
     assert all(r.startswith("bytes=") for r in ranges)

@@ -13,10 +13,12 @@ from netopt.dataplane.manifestpieces import (
     COPIES_MAX,
     FIRST_PIECE_BYTES,
     MIN_STEAL_BYTES,
+    STALL_MIN_S,
     WAIT,
     Pieces,
     PiecesBroken,
     content_range,
+    stalled_after_s,
 )
 from netopt.dataplane.manifestwire import RangeNotSatisfiable, byte_range
 
@@ -151,6 +153,12 @@ def test_a_stalled_piece_gets_a_copy_and_the_first_to_arrive_is_kept() -> None:
         assert late == 0
         assert not pieces.received(second[2], body[:10], 1.0)
         _done(pieces, body)
+
+
+def test_a_stall_is_two_round_trips_and_never_under_linux_s_least_timeout() -> None:
+    assert stalled_after_s(0.14) == pytest.approx(0.28)
+    assert stalled_after_s(0.0001) == STALL_MIN_S  # loopback
+    assert stalled_after_s(None) == STALL_MIN_S
 
 
 def test_a_copy_that_stalls_too_is_copied_in_turn() -> None:
