@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
 from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
+from netopt.cache.storedmanifests import known_manifests
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import ChunkSource, RawChunk
 from netopt.dataplane.client import (
@@ -116,6 +117,10 @@ class SourceOptions:
     warm_connections: int = WARM_CONNECTIONS
     """Data connections a netopt source opens during its set-up when ``streams`` is not
     given (see `netopt.dataplane.client.fetch_info_and_manifest`)."""
+    cache_dir: str | None = None
+    """The cache the sync goes through: a netopt source names the versions it holds when
+    asking for the manifest, and reads the current one back from it when the server
+    says so (`netopt.cache.storedmanifests`). None: every manifest is fetched."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,9 @@ class NetoptSource(Source):
     @asynccontextmanager
     async def open(self, opts: SourceOptions) -> AsyncIterator[OpenedSource]:
         client = replace(opts.client, streams=MAX_CONNECTIONS)
+        if opts.cache_dir is not None and client.known_manifests is None:
+            held = await asyncio.to_thread(known_manifests, opts.cache_dir, self.url.name)
+            client = replace(client, known_manifests=held)
         async with HttpChunkSource(self.url, client) as source:
             yield await self._opened(opts, source)
 

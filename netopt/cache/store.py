@@ -47,11 +47,12 @@ import blake3
 from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES
 from netopt.cache.packs import PackStore
 from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, record_access
+from netopt.cachepaths import MANIFESTS_DIR, manifest_file
 from netopt.dataplane import trace
 from netopt.durable import BatchFlusher
 from netopt.errors import IntegrityError, StorageError, ValidationError
 from netopt.fsutil import atomic_write_bytes, fsync_dirs
-from netopt.names import is_dataset_name, is_hash_id, validate_dataset_name, validate_hash_id
+from netopt.names import is_dataset_name, is_hash_id, validate_dataset_name
 from netopt.transfer.manifest import (
     Manifest,
     manifest_from_dict,
@@ -65,6 +66,15 @@ __all__ = ["DEFAULT_CAPACITY_BYTES", "Cache"]
 DEFAULT_CAPACITY_BYTES = 100 * 1024**3
 _INDEX_VERSION = 1
 _LOCK_WAIT_S = 30.0
+
+
+def _holds(path: Path, manifest_id: str) -> bool:
+    """Whether ``path`` holds the bytes ``manifest_id`` names (a stored manifest that can
+    be read back: `netopt.cache.storedmanifests`)."""
+    try:
+        return blake3.blake3(path.read_bytes()).hexdigest() == manifest_id
+    except OSError:
+        return False
 
 
 def _no_space(exc: OSError) -> bool:
@@ -93,7 +103,7 @@ class Cache:
     def __init__(self, root: Path, capacity_bytes: int | None) -> None:
         self.root = root
         self.chunks_dir = root / "chunks"
-        self.manifests_dir = root / "manifests"
+        self.manifests_dir = root / MANIFESTS_DIR
         self.tmp_dir = root / "tmp"
         self._lock = threading.RLock()
         self._lock_fd = -1
@@ -513,15 +523,13 @@ class Cache:
 
     def _manifest_path(self, name: str, manifest_id: str) -> Path:
         """``manifests/NAME/ID.json``; PathTraversalError unless both are checked names."""
-        validate_dataset_name(name)
-        validate_hash_id(manifest_id, "manifest id")
-        return self.manifests_dir / name / f"{manifest_id}.json"
+        return manifest_file(self.root, name, manifest_id)
 
     def add_manifest(self, manifest: Manifest) -> str:
         """Store a dataset version and make it the dataset's current one; its id."""
         mid = manifest.manifest_id
         path = self._manifest_path(manifest.name, mid)
-        if not path.is_file():
+        if not _holds(path, mid):  # missing, or cut short or changed since it was written
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

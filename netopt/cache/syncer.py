@@ -311,7 +311,11 @@ class SyncReport:
 
 
 async def _sync_into_cache(
-    req: SyncRequest, opened: OpenedSource, cache: Cache, on_progress: ProgressCallback | None
+    req: SyncRequest,
+    opened: OpenedSource,
+    cache: Cache,
+    on_progress: ProgressCallback | None,
+    dest_files: dict[str, tuple[int, int]],
 ) -> tuple[SyncSummary, int, dict[str, Any] | None]:
     manifest = opened.manifest
     await asyncio.to_thread(cache.add_manifest, manifest)
@@ -339,7 +343,7 @@ async def _sync_into_cache(
                     sink = CacheSink(cache, sharing.stored)
                     opts = replace(opts, start_fraction=sharing.stats.start_fraction)
             summary = await sync_manifest(
-                manifest, source, sink, req.dest, opts, on_progress=on_progress
+                manifest, source, sink, req.dest, opts, on_progress=on_progress, present=dest_files
             )
             # Durable before success is reported (and before peers are told the last ones).
             await asyncio.to_thread(cache.flush)
@@ -376,6 +380,8 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     source_options = req.source_options
     if source_options.state_dir is None:
         source_options = replace(source_options, state_dir=str(Path(req.cache_dir) / "sources"))
+    if source_options.cache_dir is None:
+        source_options = replace(source_options, cache_dir=req.cache_dir)
     if source_options.file_cost_dir is None:
         # On the destination's filesystem, in its state directory; a dry run writes nothing
         # there, so it measures beside the cache.
@@ -453,7 +459,9 @@ async def _run_sync_once(
             shared: dict[str, Any] | None = None
             if not req.dry_run:
                 await asyncio.to_thread(check_space, cache.root, Path(req.dest), plan)
-                summary, evicted, shared = await _sync_into_cache(req, opened, cache, on_progress)
+                summary, evicted, shared = await _sync_into_cache(
+                    req, opened, cache, on_progress, dest_files
+                )
                 await opened.check_still_current(shared=req.sharing is not None)
         except BaseException:
             # Keep the first error (a full disk also fails the index write).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 from typing import TYPE_CHECKING
 
 import click
@@ -222,10 +223,20 @@ def sync_command(
     """
     token = cli_token(token_file, required=False)
     if source.startswith("netopt://") and config_file is None and coordinator_url is None:
+        from netopt.cachepaths import default_cache_dir, stored_manifest_ids
         from netopt.dataplane import prefetch
+        from netopt.dataplane.manifestversions import KNOWN_VERSIONS_MAX
 
         warm_cc = congestion_control(cc or "bbr")
-        if prefetch.start(source, token, streams or prefetch.WARM_CONNECTIONS, warm_cc):
+        if prefetch.start(
+            source,
+            token,
+            streams or prefetch.WARM_CONNECTIONS,
+            warm_cc,
+            known=partial(
+                stored_manifest_ids, cache_dir or default_cache_dir(), limit=KNOWN_VERSIONS_MAX
+            ),
+        ):
             click.get_current_context().call_on_close(prefetch.discard)
 
     from netopt.cache.s3url import S3Options

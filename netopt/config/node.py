@@ -9,9 +9,9 @@ returns a frozen `NodeSettings`; the commands read that, never the file again.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
+from netopt.cachepaths import default_cache_dir
 from netopt.config import load_settings, resolve_token
 from netopt.config.datasets import DatasetsSettings
 from netopt.config.loader import parse_byte_size
@@ -22,14 +22,6 @@ __all__ = ["DEFAULT_MAX_STREAMS", "NodeSettings", "default_cache_dir", "resolve_
 
 DEFAULT_MAX_STREAMS = 64
 """The most parallel connections a sync may open without an agent config to bound it."""
-
-
-def default_cache_dir(env: Mapping[str, str] | None = None) -> str:
-    """``$XDG_CACHE_HOME/netopt/cache`` (default ``~/.cache``): the cache without a config."""
-    base = (os.environ if env is None else env).get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
-    return os.path.join(base, "netopt", "cache")
 
 
 @dataclass(frozen=True)

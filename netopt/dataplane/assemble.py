@@ -26,7 +26,7 @@ import os
 import secrets
 import stat
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Set
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -527,10 +527,12 @@ def _directory(dest_real: Path, rel_dir: str, known: dict[str, _Dir], umask: int
 
 
 def scan_destination(
-    dest: Path, manifest: Manifest
+    dest: Path, manifest: Manifest, present: Mapping[str, tuple[int, int]] | None = None
 ) -> tuple[Path, list[tuple[FileEntry, str, Placement]], int]:
     """Create ``dest``; the files still to write (with their targets and `Placement`) and
-    the count skipped.
+    the count skipped. ``present``: the (size, mtime_ns) of the manifest's regular files
+    found in ``dest`` by a listing made just before (`netopt.cache.syncer.scan_dest`),
+    so they are not stat'ed again (0.27 s of a 100,000-file re-sync); None: stat each.
 
     The targets are strings joined to each directory's resolved path: a path object per
     file cost 0.8 s of a 100,000-file sync's start, and every call that takes a target
@@ -554,7 +556,13 @@ def scan_destination(
         if parent is None:
             parent = _directory(dest_real, rel_dir, parents, umask)
         target = os.path.join(parent[0], name)
-        if not parent[1] and _up_to_date(target, entry):
+        if parent[1]:
+            fresh = False  # its directory was created just now: nothing in it yet
+        elif present is not None:
+            fresh = present.get(entry.path) == (entry.size_bytes, entry.mtime_ns)
+        else:
+            fresh = _up_to_date(target, entry)
+        if fresh:
             skipped += 1
         else:
             pending.append((entry, target, parent[2]))

@@ -28,6 +28,7 @@ from netopt.dataplane.httpsource import (
     HttpChunkSource,
     parse_dataset_url,
 )
+from netopt.dataplane.manifestversions import NotModified
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.sync import first_error, sync_manifest
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncSummary
@@ -309,9 +310,13 @@ async def _prefetched(
     source.meta_wire_bytes = early.wire_bytes
     info = source.info_from_dict(early.info, early.rtt_s * 1000, early.rtt_source)
     source.rtt_s = info.rtt_ms / 1000  # what the stall timeout is derived from
+    if isinstance(early.manifest, NotModified):
+        manifest = await source.known_manifest(early.manifest)
+    else:
+        manifest = source.manifest_from_doc(early.manifest)
     await source.warmed(warm_grace_s(source.rtt_s))
     trace.mark("info_manifest")
-    return _asked_for(source, info, source.manifest_from_doc(early.manifest))
+    return _asked_for(source, info, manifest)
 
 
 async def _asked_normally(

@@ -45,6 +45,12 @@ from netopt.dataplane.limits import (
     check_manifest_bounds,
     check_manifest_shape,
 )
+from netopt.dataplane.manifestversions import (
+    KnownManifests,
+    NotModified,
+    if_none_match,
+    not_modified_id,
+)
 from netopt.dataplane.manifestwire import ACCEPT_ZSTD, decode_manifest_body
 from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
 from netopt.dataplane.streaming import VERSION_HEADER, HttpChunkStream, map_errors, read_frame
@@ -147,6 +153,14 @@ def checked_dataset_url(
     return DatasetUrl(host.strip("[]"), port, name, scheme)
 
 
+class _NotModifiedAnswer(Exception):
+    """A 304 to a request that named versions in ``If-None-Match`` (`HttpChunkSource._get`)."""
+
+    def __init__(self, etag: str | None) -> None:
+        super().__init__(etag)
+        self.etag = etag
+
+
 @dataclass(frozen=True)
 class ClientOptions:
     """How the client connects. ``congestion_control`` None keeps the node's default."""
@@ -165,6 +179,9 @@ class ClientOptions:
     ``TCP_USER_TIMEOUT``) before it is dropped; None: `stall_timeout_s` of the RTT."""
     max_manifest_entries: int = MAX_MANIFEST_ENTRIES
     """Files plus chunk references a manifest may list (its bytes: 128 per entry)."""
+    known_manifests: KnownManifests | None = None
+    """Versions of the dataset this client holds: named when the manifest is asked for,
+    read back when the server answers that one of them is current (304)."""
 
 
 @dataclass(frozen=True)
@@ -540,6 +557,8 @@ class HttpChunkSource:
                 self.url.base + path, params=params, headers=headers, auto_decompress=False
             ) as resp:
                 self._answered = True
+                if resp.status == 304 and headers is not None and "If-None-Match" in headers:
+                    raise _NotModifiedAnswer(resp.headers.get("ETag"))
                 await self._check_data_response(resp, where)
                 if headers_out is not None:
                     headers_out.update(resp.headers)
@@ -620,15 +639,30 @@ class HttpChunkSource:
         check_manifest_bounds(manifest, self.options.max_manifest_entries)
         return manifest
 
-    async def fetch_manifest(self) -> Manifest:
+    async def fetch_manifest(self, conditional: bool = True) -> Manifest:
         """The dataset's manifest, asked for as zstd and decoded into at most
         `manifest_limit_bytes` (see `netopt.dataplane.manifestwire`); BodyTooLarge over
         the bounds of `netopt.dataplane.limits`, ProtocolError for a body that is not
-        a manifest in plain JSON or one zstd frame of it."""
+        a manifest in plain JSON or one zstd frame of it. With ``conditional`` and
+        `ClientOptions.known_manifests`, names the versions held; when the server
+        answers that one is current, that one is read back (`known_manifest`)."""
         path = f"/v1/datasets/{self.url.name}/manifest"
         limit = self.manifest_limit_bytes()
         headers: CIMultiDict[str] = CIMultiDict()
-        body, _ = await self._get(path, limit, headers_out=headers, headers=_ACCEPT_ZSTD)
+        asked = dict(_ACCEPT_ZSTD)
+        known = self.options.known_manifests
+        naming = if_none_match(known.ids) if known is not None and conditional else None
+        if naming is not None:
+            asked["If-None-Match"] = naming
+        try:
+            body, _ = await self._get(path, limit, headers_out=headers, headers=asked)
+        except _NotModifiedAnswer as answer:
+            where = f"{self.url} ({self.url.base}{path})"
+            try:
+                manifest_id = not_modified_id(answer.etag, known.ids if known else ())
+            except ProtocolError as exc:
+                raise ProtocolError(f"{where}: {exc}") from None
+            return await self.known_manifest(NotModified(manifest_id))
         encoding = ", ".join(headers.getall("Content-Encoding", ())) or None
         where = f"{self.url} ({self.url.base}{path})"
         if encoding is None:
@@ -637,6 +671,19 @@ class HttpChunkSource:
             raw = await asyncio.to_thread(decode_manifest_body, body, encoding, limit, where)
         check_manifest_shape(raw, self.options.max_manifest_entries)
         return self.manifest_from_doc(self.loads(raw, path))
+
+    async def known_manifest(self, answer: NotModified) -> Manifest:
+        """The held version a 304 named (`ClientOptions.known_manifests`), checked as a
+        fetched one is; fetched after all (unconditionally) when it cannot be read back
+        (removed or changed since it was named)."""
+        known = self.options.known_manifests
+        held = None if known is None else await asyncio.to_thread(known.load, answer.manifest_id)
+        if held is None:
+            trace.count("manifest_not_modified_unreadable")
+            return await self.fetch_manifest(conditional=False)
+        check_manifest_bounds(held, self.options.max_manifest_entries)
+        trace.count("manifest_not_modified")
+        return held
 
     async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
         self._other_routes = True

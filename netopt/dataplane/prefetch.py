@@ -31,6 +31,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ from netopt.dataplane.manifestpieces import (
     content_range,
     stalled_after_s,
 )
+from netopt.dataplane.manifestversions import NotModified, if_none_match, not_modified_id
 from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ConfigError, ProtocolError
 from netopt.tlsconf import client_context, current_client_tls, is_loopback
@@ -180,6 +182,9 @@ class _Prefetch:
     """The shortest time from asking for a piece to its answer's headers."""
     handshakes_s: list[float] = field(default_factory=list)
     """Round trips of the handshakes this prefetch made itself (data sockets and requests)."""
+    known: Callable[[str], Sequence[str]] | None = None
+    """The versions of a dataset the client holds (by name; `known_ids`)."""
+    _known_ids: tuple[str, ...] | None = None
     closed: bool = False
 
     def _connected(self) -> http.client.HTTPConnection:
@@ -205,10 +210,22 @@ class _Prefetch:
         self._handshake(conn.sock, time.monotonic() - start_s, self.context is None)
         return conn
 
+    def known_ids(self) -> tuple[str, ...]:
+        """The versions the manifest requests name (``If-None-Match``), listed once, by the
+        first thread to ask (a directory listing: not before `start` returns): a 304
+        naming one of them answers the manifest (`NotModified`)."""
+        with self.lock:
+            if self._known_ids is None:
+                self._known_ids = tuple(self.known(self.name)) if self.known else ()
+            return self._known_ids
+
     def _headers(self, key: str) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         if key == "manifest":
             headers["Accept-Encoding"] = "zstd"  # manifestwire.ACCEPT_ZSTD
+            naming = if_none_match(self.known_ids())
+            if naming is not None:
+                headers["If-None-Match"] = naming
         return headers
 
     def fetch(self, key: str, path: str, max_bytes: int) -> None:
@@ -332,6 +349,9 @@ class _Prefetch:
                 self.pieces = None  # the connections waiting for a total stop
             self._whole("manifest", resp, first_byte_s, max_bytes)
             return False
+        if resp.status == 304 and self.known_ids():
+            self._not_modified(resp, first_byte_s)
+            return False
         if resp.status == 416:
             resp.read(MAX_INFO_BYTES)
             _, _, total = content_range(resp.getheader("Content-Range"))
@@ -378,6 +398,21 @@ class _Prefetch:
             return False  # another connection took the rest over: this answer is not read
         # Nothing is left (its Content-Length was the piece's): the connection is reusable.
         return not resp.read(1)
+
+    def _not_modified(self, resp: http.client.HTTPResponse, first_byte_s: float) -> None:
+        """A 304 to a piece: the current version is one the client holds (the manifest's
+        answer, `NotModified`); one naming a version it did not offer ends the pieces
+        (the normal path asks again and reports it)."""
+        resp.read(MAX_INFO_BYTES)
+        try:
+            answer = NotModified(not_modified_id(resp.getheader("ETag"), self.known_ids()))
+        except ProtocolError:
+            self._give_up_pieces()
+            raise
+        trace.mark("manifest_not_modified")
+        with self.lock:
+            self.pieces = None
+            self.answers.setdefault("manifest", (answer, first_byte_s, 0))
 
     def _whole_body(self, pieces: Pieces) -> tuple[bytes, str | None] | None:
         """The manifest's body and coding once every piece is in, for one connection to
@@ -469,10 +504,12 @@ def start(
     sockets: int,
     congestion_control: str | None = "bbr",
     timeout_s: float = 10.0,
+    known: Callable[[str], Sequence[str]] | None = None,
 ) -> bool:
     """Begin fetching ``netopt://HOST:PORT/NAME``'s info and manifest and connecting
-    ``sockets`` data sockets, in daemon threads. False (nothing started) for anything
-    that is not such a URL; never raises."""
+    ``sockets`` data sockets, in daemon threads; the manifest requests name the
+    versions ``known(NAME)`` lists (held by the client: `_Prefetch.known_ids`). False (nothing
+    started) for anything that is not such a URL; never raises."""
     global _pending
     try:
         parts = urllib.parse.urlsplit(url)
@@ -495,7 +532,7 @@ def start(
         return False
     discard()
     trace.mark("prefetch_start")
-    pre = _Prefetch(host, port, name, token, timeout_s, context)
+    pre = _Prefetch(host, port, name, token, timeout_s, context, known=known)
     pre.pieces = Pieces(MAX_MANIFEST_BYTES, MANIFEST_CONNECTIONS)
     quoted = urllib.parse.quote(name, safe="")
     meta = [

@@ -28,7 +28,7 @@ import gc
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -126,10 +126,12 @@ async def sync_manifest(
     options: SyncOptions | None = None,
     *,
     on_progress: ProgressCallback | None = None,
+    present: Mapping[str, tuple[int, int]] | None = None,
 ) -> SyncSummary:
     """Make ``dest`` hold ``manifest``'s files; return what it took.
 
-    Files already present with the manifest's size and mtime are skipped; the files
+    Files already present with the manifest's size and mtime are skipped (``present``:
+    what a listing of ``dest`` just found, see `scan_destination`); the files
     written are durable when this returns (the sink's chunks are durable once its owner
     flushes it, e.g. `netopt.cache.store.Cache.flush`). Raises
     NetworkError / PeerUnreachableError when a chunk has kept failing for
@@ -146,7 +148,7 @@ async def sync_manifest(
     flusher = BatchFlusher("netopt-dest-flush")
     try:
         dest_real, pending, skipped = await asyncio.to_thread(
-            scan_destination, Path(dest), manifest
+            scan_destination, Path(dest), manifest, present
         )
         trace.mark("dest_scanned")
         uses = Counter(ref.chunk_id for entry, _, _ in pending for ref in entry.chunks)
