@@ -11,6 +11,7 @@ documents the routes and re-exports the public names here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -428,6 +429,31 @@ def _chunk_name(ds: DatasetView, chunk_id: object) -> str:
     return chunk_id
 
 
+StreamHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+CLIENT_CLOSED_REQUEST = 499
+"""The status logged for a request whose client went away before its answer was sent
+(nginx's convention); nothing is sent."""
+
+
+def _client_may_leave(handler: StreamHandler) -> StreamHandler:
+    """``handler``, a route that writes its answer as it goes, for which a client that goes
+    away (killed mid-sync, a cut link: the connection reset while the body is read or
+    the frames written) ends the request quietly, logged as `CLIENT_CLOSED_REQUEST`, not
+    as a server error with a traceback."""
+
+    @functools.wraps(handler)
+    async def quiet(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ConnectionResetError:
+            log.info("%s %s: the client went away", request.method, request.path)
+            return web.Response(status=CLIENT_CLOSED_REQUEST)
+
+    return quiet
+
+
+@_client_may_leave
 async def dataset_batch(request: web.Request) -> web.StreamResponse:
     ds = _dataset(request)
     level = _level(request)
@@ -516,6 +542,7 @@ async def _next_stream_id(
     return name, level
 
 
+@_client_may_leave
 async def dataset_stream(request: web.Request) -> web.StreamResponse:
     """Frames for the chunk names the body sends, in order, as the names arrive; a line
     ``NAME LEVEL`` sends that chunk at LEVEL instead of the request's ``level``.

@@ -11,11 +11,13 @@ import asyncio
 import io
 import json
 import socket
+import struct
 import time
 import urllib.request
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.service.dataplane_helpers import make_dataset, start
 from tests.service.serve_process import ServeProcess, serve_process
@@ -154,3 +156,43 @@ async def test_a_stream_that_repeats_a_name_is_cut_after_the_first_frame(tmp_pat
         assert sum(stats.chunk_requests.values()) <= 2
     finally:
         await runner.cleanup()
+
+
+def _cut_mid_stream(port: int, names: list[str], read_bytes: int) -> None:
+    """A stream request naming ``names[0]`` whose body never ends; once ``read_bytes`` of
+    the answer came (0: none asked for), the connection is reset, as a client killed
+    mid-sync (or a cut link) leaves it."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    try:
+        sock.sendall(
+            b"POST /v1/datasets/ds/stream?level=0 HTTP/1.1\r\nHost: t\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            + _chunk(b"\n".join(n.encode() for n in names) + b"\n")
+        )
+        got = b""
+        while len(got) < read_bytes:
+            block = sock.recv(65536)
+            if not block:
+                break
+            got += block
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST
+
+
+@pytest.mark.parametrize("read_bytes", [0, 100])
+def test_a_client_gone_mid_stream_is_no_server_error(tmp_path: Path, read_bytes: int) -> None:
+    # A killed client is routine: the server ends that stream quietly (no traceback in
+    # its log) and goes on serving.
+    make_dataset(tmp_path / "src")
+    with serve_process(tmp_path / "src", tmp_path) as server:
+        names = _names(server.port)
+        for _ in range(3):
+            _cut_mid_stream(server.port, names[:2], read_bytes)
+        time.sleep(0.5)  # the server notices the resets
+        url = f"http://127.0.0.1:{server.port}/v1/health"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.status == 200
+        log = server.log_path.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert "Error handling request" not in log, log[-3000:]
