@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -138,6 +138,10 @@ class OpenedSource:
     """What the plan assumed of the link, and where each figure came from."""
     part_connections: int = 0
     """`SyncOptions.part_connections` (0: ``streams``)."""
+    replan: Callable[[int, int], TransferPlan] | None = None
+    """The plan again for the bytes the sync fetches and the files it writes, known once
+    the cache and DEST were looked at (``plan`` counts the manifest's chunks and files):
+    what the sync reports (a re-sync of a mostly cached dataset is not a full fetch)."""
 
     async def check_still_current(self, shared: bool) -> None:
         """DatasetChangedError when the origin moved on to another version while DEST was
@@ -384,6 +388,7 @@ class NetoptSource(Source):
         return OpenedServed(
             self.kind, url.name, manifest, source, streams, overhead_bytes, plan, figures,
             part_connections=parts, served=source,
+            replan=lambda fetch_bytes, files: plan_with(cpu, fetch_bytes=fetch_bytes, files=files),
         )  # fmt: skip
 
 

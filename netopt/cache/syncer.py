@@ -152,6 +152,22 @@ def plan_sync(
     )
 
 
+def _transfer_plan(opened: OpenedSource, plan: SyncPlan) -> TransferPlan | None:
+    """The source's transfer plan, made again for what ``plan`` fetches and writes when
+    that is less than the whole manifest (the source planned before the cache and DEST
+    were looked at): a re-sync that finds everything in place predicts its own time, not
+    a full fetch's."""
+    first = opened.plan
+    if first is None or opened.replan is None:
+        return first
+    if (plan.bytes_to_fetch, plan.files_to_write) == (
+        opened.manifest.unique_bytes,
+        plan.files_total,
+    ):
+        return first  # nothing was in hand: what the source planned
+    return opened.replan(plan.bytes_to_fetch, plan.files_to_write)
+
+
 def check_space(cache_dir: Path, dest: Path, plan: SyncPlan) -> None:
     """StorageError when the disks cannot hold the chunks to fetch and the files to write.
 
@@ -478,7 +494,7 @@ async def _run_sync_once(
         seconds=0.0,
         overhead_bytes=opened.overhead_bytes,
         summary=summary,
-        transfer_plan=opened.plan,
+        transfer_plan=_transfer_plan(opened, plan),
         evicted_chunks=evicted,
         sharing=shared,
         link_figures=opened.link_figures.to_dict() if opened.link_figures else None,

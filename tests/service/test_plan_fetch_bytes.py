@@ -11,6 +11,7 @@ from pathlib import Path
 
 from netopt.dataplane.client import sync_url
 from netopt.transfer.planner import TransferPlan
+from tests.service.cache_helpers import sync_served_tree
 from tests.service.dataplane_helpers import CPU, FAST, check_tree, start
 from tests.service.test_dataplane_prefetch import CLIENT
 
@@ -46,3 +47,33 @@ async def test_files_that_repeat_each_other_are_planned_as_fetched_once(tmp_path
     # wire), not of 16 MB (16 s).
     assert copies.predicted_time_s < 1.5 * one.predicted_time_s, (copies, one)
     assert copies.predicted_time_s < 8.0
+
+
+async def test_a_resync_reports_the_plan_of_what_it_fetches(tmp_path: Path) -> None:
+    # 8 MB of random files on a planned 8 Mbit/s link: a cold sync is planned at ~8 s
+    # of wire. Run again with one file changed, it fetches that file's chunks only, and
+    # with nothing changed nothing: the plans it reports say so, and the cold sync's
+    # plan is the source's own.
+    src = tmp_path / "src"
+    files = {f"f{i}.bin": os.urandom(1024 * 1024) for i in range(8)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    cold = await sync_served_tree(src, dest, cache, CPU, link_rate_bps=LINK_BPS)
+    (src / "f3.bin").write_bytes(os.urandom(1024 * 1024))
+    one = await sync_served_tree(src, dest, cache, CPU, link_rate_bps=LINK_BPS)
+    none = await sync_served_tree(src, dest, cache, CPU, link_rate_bps=LINK_BPS)
+    files["f3.bin"] = (src / "f3.bin").read_bytes()
+    check_tree(dest, files)
+    assert cold.transfer_plan is not None
+    assert one.transfer_plan is not None
+    assert none.transfer_plan is not None
+    assert one.plan.bytes_to_fetch == 1024 * 1024
+    assert none.plan.bytes_to_fetch == 0
+    # The wire part of each plan: 8 MB, 1 MB, nothing (each plan also counts its fixed
+    # costs, which do not change with the bytes).
+    assert cold.transfer_plan.work_s > 6.0
+    assert 0.5 < one.transfer_plan.work_s < cold.transfer_plan.work_s / 4
+    assert none.transfer_plan.work_s < 0.1
+    assert none.transfer_plan.predicted_time_s < cold.transfer_plan.predicted_time_s - 6.0
