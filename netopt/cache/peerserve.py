@@ -25,9 +25,11 @@ from pathlib import Path
 import blake3
 
 from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES, PackReader
+from netopt.cache.storedmanifests import load_stored_manifest
+from netopt.cachepaths import MANIFESTS_DIR
 from netopt.errors import IntegrityError, StorageError
 from netopt.names import is_dataset_name, is_hash_id
-from netopt.transfer.manifest import Manifest, manifest_from_dict
+from netopt.transfer.manifest import Manifest
 from netopt.transfer.planner import CpuProfile, SampleProfile
 from netopt.transfer.profile import cpu_profile_from_dict, default_codec_cache_path, sample_bytes
 
@@ -70,7 +72,7 @@ class CachedDatasets(Mapping[str, CachedDataset]):
         self._packs = PackReader(self.root / "packs")
 
     def _versions(self, name: str) -> tuple[tuple[str, int], ...]:
-        folder = self.root / "manifests" / name
+        folder = self.root / MANIFESTS_DIR / name
         try:
             entries = [(p.name, p.stat().st_mtime_ns) for p in folder.glob("*.json")]
         except OSError:
@@ -81,11 +83,13 @@ class CachedDatasets(Mapping[str, CachedDataset]):
         newest: tuple[int, Manifest] | None = None
         index: dict[str, int] = {}
         for file_name, mtime_ns in versions:
-            path = self.root / "manifests" / name / file_name
-            try:
-                manifest = manifest_from_dict(json.loads(path.read_bytes()))
-            except (OSError, ValueError) as exc:
-                log.warning("skipping cached manifest %s: %s", path, exc)
+            stem = file_name.removesuffix(".json")
+            manifest = load_stored_manifest(self.root, name, stem) if is_hash_id(stem) else None
+            if manifest is None:
+                log.warning(
+                    "skipping cached manifest %s/%s/%s: gone, not its version's bytes, or "
+                    "not a manifest of %s", MANIFESTS_DIR, name, file_name, name,
+                )  # fmt: skip
                 continue
             index.update(manifest.unique_chunks())
             if newest is None or mtime_ns > newest[0]:

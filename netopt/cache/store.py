@@ -47,6 +47,7 @@ import blake3
 from netopt.cache.packfmt import PACK_MAX_CHUNK_BYTES
 from netopt.cache.packs import PackStore
 from netopt.cache.policy import ChunkAccess, age_access, evict, needs_aging, record_access
+from netopt.cache.storedmanifests import stored_manifest_bytes
 from netopt.cachepaths import MANIFESTS_DIR, manifest_file
 from netopt.dataplane import trace
 from netopt.durable import BatchFlusher
@@ -66,15 +67,6 @@ __all__ = ["DEFAULT_CAPACITY_BYTES", "Cache"]
 DEFAULT_CAPACITY_BYTES = 100 * 1024**3
 _INDEX_VERSION = 1
 _LOCK_WAIT_S = 30.0
-
-
-def _holds(path: Path, manifest_id: str) -> bool:
-    """Whether ``path`` holds the bytes ``manifest_id`` names (a stored manifest that can
-    be read back: `netopt.cache.storedmanifests`)."""
-    try:
-        return blake3.blake3(path.read_bytes()).hexdigest() == manifest_id
-    except OSError:
-        return False
 
 
 def _no_space(exc: OSError) -> bool:
@@ -529,7 +521,7 @@ class Cache:
         """Store a dataset version and make it the dataset's current one; its id."""
         mid = manifest.manifest_id
         path = self._manifest_path(manifest.name, mid)
-        if not _holds(path, mid):  # missing, or cut short or changed since it was written
+        if stored_manifest_bytes(self.root, manifest.name, mid) is None:  # missing or damaged
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

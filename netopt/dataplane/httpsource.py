@@ -54,6 +54,7 @@ from netopt.dataplane.manifestversions import (
 from netopt.dataplane.manifestwire import ACCEPT_ZSTD, decode_manifest_body
 from netopt.dataplane.sockets import set_user_timeout, try_congestion_control
 from netopt.dataplane.streaming import VERSION_HEADER, HttpChunkStream, map_errors, read_frame
+from netopt.dataplane.sync import gc_paused
 from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
@@ -635,7 +636,8 @@ class HttpChunkSource:
 
     def manifest_from_doc(self, doc: Any) -> Manifest:
         """Validate a manifest document, its entry count and its chunk sizes included."""
-        manifest = manifest_from_dict(doc)
+        with gc_paused():
+            manifest = manifest_from_dict(doc)
         check_manifest_bounds(manifest, self.options.max_manifest_entries)
         return manifest
 

@@ -211,12 +211,16 @@ class _Prefetch:
         return conn
 
     def known_ids(self) -> tuple[str, ...]:
-        """The versions the manifest requests name (``If-None-Match``), listed once, by the
-        first thread to ask (a directory listing: not before `start` returns): a 304
+        """The versions the manifest requests name (``If-None-Match``), listed by the first
+        threads to ask and kept once (a directory listing: not before `start` returns): a 304
         naming one of them answers the manifest (`NotModified`)."""
         with self.lock:
+            if self._known_ids is not None:
+                return self._known_ids
+        listed = tuple(self.known(self.name)) if self.known else ()  # not under the lock
+        with self.lock:
             if self._known_ids is None:
-                self._known_ids = tuple(self.known(self.name)) if self.known else ()
+                self._known_ids = listed
             return self._known_ids
 
     def _headers(self, key: str) -> dict[str, str]:

@@ -82,6 +82,22 @@ def gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off meanwhile (back on after, unless it was off
+    before): for building a large manifest (`manifest_from_dict`), a few objects per
+    file and no cycles, whose allocations trigger collections that walk them again and
+    again: a 100,000-file manifest's entries took 0.49 s with them (a sync's threshold,
+    `SYNC_GC_THRESHOLD0`), 0.42 s without."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 SYNC_GC_THRESHOLD0 = 50_000
 """Allocations between young collections while a sync command runs (Python's default: 700).
 
