@@ -6,12 +6,21 @@ wire in 23-25 s where the bytes alone needed 4, and a plan that counted only byt
 predicted 64% too short. That work (the server reading and framing each file, the
 client verifying, storing and writing it, then the rename) is this node's CPU and
 filesystem, so it is measured on the filesystem the sync writes to, once per
-filesystem, and kept beside the codec speeds (`file_cost_cache_path`, keyed by the
-filesystem's device number). A sync measures it only when its files could hold it back
-(`per_file_cost_s`): at least `MEASURE_FROM_FILES` files, and so many that at
+filesystem, and kept beside the codec speeds (`file_cost_cache_path`, keyed by
+`filesystem_key`: the device number and the filesystem's id, so a filesystem made again
+on a re-used device, a loop device or a volume, is measured again; the lab's destination,
+a fresh ext4 image each session on /dev/loop0, planned with a figure half the real one
+when the key was the device number alone). A sync measures it only when its files could
+hold it back (`per_file_cost_s`): at least `MEASURE_FROM_FILES` files, and so many that at
 `PER_FILE_CEILING_S` each they would take longer than the plan's bytes. Measuring costs
 ~2.5 s the first time on a filesystem; the lab's 7,947-file packages tree paid that and
 fell behind rsync while its files, at the measured figure, were 1 s of its 6.9 s.
+
+The calibration is a first guess: loopback syncs of 1,000 files, where a real sync moves
+its files over a link, compressed, beside whatever else the node runs (the lab's 100,000
+files cost 1.3-1.4x the calibration's figure, its packet relay sharing the two cores). So
+a sync the files bound (`observed_per_file_s`) adds the figure it showed to the ones kept
+(`keep_observed`, at most `FIGURES_KEPT`), and the next plan takes their median.
 
 `measure_per_file_s` serves two directories with the real server (``netopt serve``, its
 own process, on 127.0.0.1 with a random token), `FILES` files of `FILE_BYTES` and one
@@ -46,10 +55,11 @@ from netopt.errors import StorageError
 from netopt.fsutil import atomic_write_bytes, nearest_existing
 from netopt.tlsca import ServerFiles, issue_server_files
 from netopt.tlsconf import ClientTls, current_client_tls, use_client_tls
-from netopt.transfer.planner import CpuProfile
+from netopt.transfer.planner import CpuProfile, TransferPlan
 from netopt.transfer.profile import default_codec_cache_path
 
 __all__ = [
+    "FIGURES_KEPT",
     "FILES",
     "FILE_BYTES",
     "MEASURE_FROM_FILES",
@@ -57,7 +67,10 @@ __all__ = [
     "RUNS",
     "file_cost_cache_path",
     "files_could_bind",
+    "filesystem_key",
+    "keep_observed",
     "measure_per_file_s",
+    "observed_per_file_s",
     "per_file_cost_s",
 ]
 
@@ -67,6 +80,11 @@ PER_FILE_CEILING_S = 700e-6
 """The highest per-file cost measured on this project's machines (687 us: ext4 mounted
 ``discard`` just after a tree was deleted; 128-266 us elsewhere). Files that would not
 outlast the bytes even at this cost cannot bind the sync, so they are not measured."""
+
+FIGURES_KEPT = 5
+"""Per-file figures kept per filesystem: the calibration, then what real syncs showed
+(`keep_observed`); their median is planned with, so one sync slowed by something else
+(a cut link, a busy node) moves it little."""
 
 FILES = 1000
 """Files in the measured tree: enough that their cost stands well above a sync's own
@@ -232,26 +250,54 @@ def file_cost_cache_path() -> Path:
     return default_codec_cache_path().with_name("filecost.json")
 
 
-def _device(path: Path) -> str | None:
-    """The device number of the filesystem ``path`` is (or will be) on."""
+_KEY = re.compile(r"\d{1,20}:\d{1,20}")
+"""`filesystem_key`'s shape."""
+
+
+def filesystem_key(path: str | os.PathLike[str]) -> str | None:
+    """``DEV:FSID`` of the filesystem ``path`` is (or will be) on: its device number and
+    its id (``statvfs``'s ``f_fsid``: ext4 and XFS derive it from the filesystem's UUID,
+    tmpfs from its mount), so a filesystem made again on a re-used device number is
+    another key. None when they cannot be read."""
     try:
-        return str(os.stat(nearest_existing(path)).st_dev)
+        existing = nearest_existing(Path(path))
+        return f"{os.stat(existing).st_dev}:{os.statvfs(existing).f_fsid}"
     except OSError:
         return None
 
 
-def _cached(cache: Path) -> dict[str, float]:
+def _figure(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1:
+        return float(value)
+    return None
+
+
+def _cached(cache: Path) -> dict[str, list[float]]:
+    """The kept figures by `filesystem_key`, oldest first (at most `FIGURES_KEPT`; a lone
+    number, as older versions kept, is one figure); keys of any other shape (the device
+    numbers alone that older versions kept) and values that are not per-file costs are
+    dropped."""
     try:
         raw = json.loads(cache.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(raw, dict):
         return {}
-    return {
-        str(k): float(v)
-        for k, v in raw.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1
-    }
+    known: dict[str, list[float]] = {}
+    for key, value in raw.items():
+        values = value if isinstance(value, list) else [value]
+        figures = [f for f in map(_figure, values[-FIGURES_KEPT:]) if f is not None]
+        if _KEY.fullmatch(str(key)) and figures and len(figures) == len(values[-FIGURES_KEPT:]):
+            known[str(key)] = figures
+    return known
+
+
+def _keep(cache: Path, known: dict[str, list[float]]) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache, json.dumps(known, indent=2).encode())
+    except (OSError, StorageError):
+        pass  # measured again next time
 
 
 def files_could_bind(files: int, bytes_s: float) -> bool:
@@ -265,26 +311,50 @@ def per_file_cost_s(
 ) -> float | None:
     """The per-file cost on ``where``'s filesystem for a sync of ``files`` files whose
     bytes the plan gives ``bytes_s`` seconds: None below `MEASURE_FROM_FILES`; else from
-    ``cache`` (default `file_cost_cache_path`) when kept there; else, when the files could
+    ``cache`` (default `file_cost_cache_path`) when kept there (the median of the figures
+    kept, `FIGURES_KEPT`); else, when the files could
     bind (`files_could_bind`), measured under ``where`` now (~2-3 s, once per filesystem)
     and kept. None when not measured or it cannot be (the plan then counts bytes only).
     Blocking."""
     if files < MEASURE_FROM_FILES:
         return None
     cache = cache if cache is not None else file_cost_cache_path()
-    device = _device(Path(where))
+    key = filesystem_key(where)
     known = _cached(cache)
-    if device is not None and device in known:
-        return known[device]
+    if key is not None and key in known:
+        return statistics.median(known[key])
     if not files_could_bind(files, bytes_s):
         return None
     seconds = measure_per_file_s(where)
-    if seconds is None or device is None:
+    if seconds is None or key is None:
         return seconds
-    known[device] = seconds
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cache, json.dumps(known, indent=2).encode())
-    except (OSError, StorageError):
-        pass  # measured again next time
+    known[key] = [seconds]
+    _keep(cache, known)
     return seconds
+
+
+def observed_per_file_s(plan: TransferPlan, work_s: float, files: int) -> float | None:
+    """The per-file cost a finished sync showed: its ``work_s`` seconds (from its start
+    to its end, less the time it spent finding its per-file cost) less the plan's set-up,
+    over the ``files`` it wrote. None unless the plan said the files bound it (bottleneck
+    ``files``: then its time is theirs, the bytes took less) and they were at least
+    `MEASURE_FROM_FILES`, or the figure is not a per-file cost (negative, a second or
+    more)."""
+    if plan.bottleneck != "files" or files < MEASURE_FROM_FILES:
+        return None
+    return _figure((work_s - plan.setup_s) / files)
+
+
+def keep_observed(
+    where: str | os.PathLike[str], per_file_s: float, cache: Path | None = None
+) -> None:
+    """Add a figure a real sync showed (`observed_per_file_s`) to the ones kept for
+    ``where``'s filesystem, where a calibration is kept (see the module); the oldest goes
+    beyond `FIGURES_KEPT`. Blocking; a cache that cannot be written is left as it is."""
+    cache = cache if cache is not None else file_cost_cache_path()
+    key = filesystem_key(where)
+    known = _cached(cache)
+    if key is None or key not in known or _figure(per_file_s) is None:
+        return
+    known[key] = [*known[key], per_file_s][-FIGURES_KEPT:]
+    _keep(cache, known)

@@ -282,6 +282,8 @@ class SyncReport:
     levels_over_time: list[dict[str, float | int | None]] | None = None
     """The adaptive level's measurement windows: time, level, goodput (see
     `netopt.transfer.adapt`)."""
+    file_cost_s: float = 0.0
+    """Seconds spent finding the per-file cost (`OpenedSource.file_cost_s`)."""
 
     @property
     def wire_bytes(self) -> int:
@@ -415,7 +417,25 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
         raise
     if not report.dry_run:
         await asyncio.to_thread(record_sync, req.cache_dir, name, _totals_of(report))
+        if source_options.client_cpu is None or source_options.client_cpu.per_file_s is None:
+            await asyncio.to_thread(_keep_file_cost, source_options.file_cost_dir, report)
     return report
+
+
+def _keep_file_cost(where: str | None, report: SyncReport) -> None:
+    """What a sync the files bound showed per file, kept for the next plan on its
+    filesystem (`netopt.cache.filecost.keep_observed`). A sync that started again on a new
+    version (two passes in its time) shows nothing."""
+    from netopt.cache.filecost import keep_observed, observed_per_file_s  # it imports us
+
+    if where is None or report.transfer_plan is None or report.summary is None:
+        return
+    if report.version_restarts:
+        return
+    work_s = report.seconds - report.file_cost_s
+    per_file_s = observed_per_file_s(report.transfer_plan, work_s, report.summary.files_written)
+    if per_file_s is not None:
+        keep_observed(where, per_file_s)
 
 
 def _totals_of(report: SyncReport) -> SyncTotals:
@@ -499,4 +519,5 @@ async def _run_sync_once(
         sharing=shared,
         link_figures=opened.link_figures.to_dict() if opened.link_figures else None,
         levels_over_time=opened.levels_over_time(),
+        file_cost_s=opened.file_cost_s,
     )

@@ -18,9 +18,15 @@ import pytest
 
 from netopt.cache import filecost
 from netopt.transfer.manifest import STATE_DIR_NAME
-from tests.service.cache_helpers import sync_served_tree
+from netopt.transfer.planner import TransferPlan
+from tests.service.cache_helpers import mount_tmpfs, sync_served_tree, umount
 from tests.service.dataplane_helpers import CPU
 from tests.service.serve_process import REPO
+
+
+def _key(path: Path) -> str:
+    """The filesystem's device number and id, as the kept figures are keyed."""
+    return f"{os.stat(path).st_dev}:{os.statvfs(path).f_fsid}"
 
 
 def test_measured_on_the_filesystem_then_read_from_its_cache(tmp_path: Path) -> None:
@@ -33,11 +39,101 @@ def test_measured_on_the_filesystem_then_read_from_its_cache(tmp_path: Path) -> 
     assert 5e-6 < seconds < 5e-3
     assert not where.exists()  # the directory it made for measuring is gone
     kept = json.loads(cache.read_text())
-    assert kept == {str(os.stat(tmp_path).st_dev): seconds}
+    assert kept == {_key(tmp_path): [seconds]}
     # Known now: read back, not measured again (a figure no measurement gives).
-    cache.write_text(json.dumps({str(os.stat(tmp_path).st_dev): 0.5}))
+    cache.write_text(json.dumps({_key(tmp_path): [0.5]}))
     # Kept figures are used even where the files could not bind (no cost to know them).
     assert filecost.per_file_cost_s(where, 5000, 1e6, cache) == 0.5
+    # As older versions kept it: one number.
+    cache.write_text(json.dumps({_key(tmp_path): 0.25}))
+    assert filecost.per_file_cost_s(where, 5000, 1e6, cache) == 0.25
+
+
+def _plan(bottleneck: str, setup_s: float = 0.5) -> TransferPlan:
+    return TransferPlan(
+        codec="zstd", zstd_level=3, expected_ratio=4.0, chunk_size_bytes=1 << 21, streams=4,
+        per_flow_ceiling_bps=60e6, wire_rate_bps=70e6, logical_rate_bps=100e6,
+        predicted_time_s=12.0, bottleneck=bottleneck,  # type: ignore[arg-type]
+        startup_s=0.5, setup_s=setup_s,
+    )  # fmt: skip
+
+
+def test_what_a_sync_the_files_bound_showed_per_file() -> None:
+    files = 100_000
+    # The lab's 100,000-file tree: 18.5 s from the sync's start, 0.9 s of set-up.
+    seen = filecost.observed_per_file_s(_plan("files", 0.9), 18.5, files)
+    assert seen == pytest.approx((18.5 - 0.9) / files)
+    # Bound by anything else, its time is not its files'.
+    for other in ("link", "cpu", "disk"):
+        assert filecost.observed_per_file_s(_plan(other), 18.5, files) is None
+    # Too few files to tell; figures that are no per-file cost.
+    assert filecost.observed_per_file_s(_plan("files"), 18.5, 999) is None
+    assert filecost.observed_per_file_s(_plan("files", 2.0), 1.0, files) is None
+    assert filecost.observed_per_file_s(_plan("files"), 5000.0, 1000) is None
+
+
+def test_figures_syncs_showed_are_kept_beside_the_calibration(tmp_path: Path) -> None:
+    cache = tmp_path / "filecost.json"
+    where = tmp_path / "dest"
+    # Nothing calibrated on this filesystem: nothing kept (the plan had no figure).
+    filecost.keep_observed(where, 150e-6, cache)
+    assert not cache.exists()
+    cache.write_text(json.dumps({_key(tmp_path): [100e-6], "1:2": [1e-3]}))
+    filecost.keep_observed(where, 160e-6, cache)
+    kept = json.loads(cache.read_text())
+    assert kept == {_key(tmp_path): [100e-6, 160e-6], "1:2": [1e-3]}
+    assert filecost.per_file_cost_s(where, 5000, 0.0, cache) == pytest.approx(130e-6)
+    for seen in (150e-6, 155e-6, 900e-6, 140e-6):
+        filecost.keep_observed(where, seen, cache)
+    kept = json.loads(cache.read_text())
+    # The newest `FIGURES_KEPT`; the median of them, so one slow sync moves it little.
+    assert kept[_key(tmp_path)] == [160e-6, 150e-6, 155e-6, 900e-6, 140e-6]
+    assert filecost.FIGURES_KEPT == 5
+    assert filecost.per_file_cost_s(where, 5000, 0.0, cache) == pytest.approx(155e-6)
+    # A figure that is no per-file cost is not kept.
+    for bad in (-1e-6, 1.5, float("nan")):
+        filecost.keep_observed(where, bad, cache)
+    assert json.loads(cache.read_text()) == kept
+
+
+def test_a_filesystem_made_again_on_the_same_device_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A figure kept for one filesystem is not used for the next one mounted where it was
+    # with the device number it had (tmpfs here; the lab's fresh ext4 image on /dev/loop0
+    # each session), nor a figure the device number alone keyed.
+    mnt = tmp_path / "mnt"
+    cache = tmp_path / "filecost.json"
+    measured: list[Path] = []
+
+    def measure(where: Path) -> float:
+        measured.append(Path(where))
+        return 0.25
+
+    monkeypatch.setattr(filecost, "measure_per_file_s", measure)
+    mount_tmpfs(mnt, "1m")
+    try:
+        first = filecost.filesystem_key(mnt / "dest")
+        assert first is not None
+        device = os.stat(mnt).st_dev
+        cache.write_text(json.dumps({first: 0.5, str(device): 0.5}))
+        assert filecost.per_file_cost_s(mnt / "dest", 5000, 0.0, cache) == 0.5
+        assert measured == []
+    finally:
+        umount(mnt)
+    mnt.rmdir()
+    mount_tmpfs(mnt, "1m")
+    try:
+        if os.stat(mnt).st_dev != device:
+            pytest.skip("the tmpfs came back with another device number")
+        second = filecost.filesystem_key(mnt / "dest")
+        assert second is not None
+        assert second != first
+        assert filecost.per_file_cost_s(mnt / "dest", 5000, 0.0, cache) == 0.25
+        assert measured == [mnt / "dest"]
+        assert json.loads(cache.read_text()) == {first: [0.5], second: [0.25]}
+    finally:
+        umount(mnt)
 
 
 def test_a_few_files_measure_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,8 +162,10 @@ def test_measured_only_where_the_files_could_bind() -> None:
 
 def test_a_bad_cache_is_ignored_and_an_unusable_place_measures_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "filecost.json"
-    dev = str(os.stat(tmp_path).st_dev)
-    for bad in ("[1, 2]", "{not json", json.dumps({dev: "fast"}), json.dumps({dev: 7.0})):
+    dev = _key(tmp_path)
+    bad_cases = ("[1, 2]", "{not json", json.dumps({dev: "fast"}), json.dumps({dev: 7.0}),
+                 json.dumps({f"../{dev}": 0.5}), json.dumps({dev.split(":")[0]: 0.5}))  # fmt: skip
+    for bad in bad_cases:
         cache.write_text(bad)
         assert filecost._cached(cache) == {}
     blocker = tmp_path / "a-file"
@@ -94,15 +192,34 @@ async def test_a_tree_sync_plans_with_the_measured_cost(
         src, tmp_path / "dest", tmp_path / "cache", replace(CPU, per_file_s=None)
     )
     kept = json.loads((tmp_path / "filecost.json").read_text())
-    assert list(kept) == [str(os.stat(tmp_path).st_dev)]
+    assert list(kept) == [_key(tmp_path)]
+    calibrated, seen = kept[_key(tmp_path)]
     plan = report.transfer_plan
     assert plan is not None
     assert plan.bottleneck == "files"  # on loopback the files, not the bytes, bind
-    assert plan.work_s == pytest.approx(filecost.MEASURE_FROM_FILES * next(iter(kept.values())))
+    assert plan.work_s == pytest.approx(filecost.MEASURE_FROM_FILES * calibrated)
     for i in (0, 999):
         rel = f"d{i % 7}/f{i:05d}.txt"
         assert (tmp_path / "dest" / rel).read_bytes() == (src / rel).read_bytes()
     assert not (tmp_path / "dest" / STATE_DIR_NAME).exists()
+    # What the sync showed per file is kept beside the calibration: its time less the
+    # calibration's (it measured, a second or more) and the plan's set-up, per file.
+    assert 0.2 < report.file_cost_s < report.seconds
+    assert report.summary is not None
+    assert report.summary.files_written == filecost.MEASURE_FROM_FILES
+    assert seen == pytest.approx(
+        (report.seconds - report.file_cost_s - plan.setup_s) / filecost.MEASURE_FROM_FILES
+    )
+    # The next sync on this filesystem measures nothing and plans with their median.
+    again = await sync_served_tree(
+        src, tmp_path / "dest2", tmp_path / "cache2", replace(CPU, per_file_s=None)
+    )
+    assert again.file_cost_s < 0.2
+    assert again.transfer_plan is not None
+    assert again.transfer_plan.work_s == pytest.approx(
+        filecost.MEASURE_FROM_FILES * (calibrated + seen) / 2
+    )
+    assert len(json.loads((tmp_path / "filecost.json").read_text())[_key(tmp_path)]) == 3
 
 
 async def test_a_tree_whose_bytes_outlast_its_files_is_not_measured(
