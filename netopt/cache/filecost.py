@@ -18,7 +18,7 @@ fell behind rsync while its files, at the measured figure, were 1 s of its 6.9 s
 
 The calibration is a first guess: loopback syncs of 1,000 files, where a real sync moves
 its files over a link, compressed, beside whatever else the node runs (the lab's 100,000
-files cost 1.3-1.4x the calibration's figure, its packet relay sharing the two cores). So
+files cost 1.3-1.5x the calibration's figure, its packet relay sharing the two cores). So
 a sync the files bound (`observed_per_file_s`) adds the figure it showed to the ones kept
 (`keep_observed`, at most `FIGURES_KEPT`), and the next plan takes their median.
 
