@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
@@ -53,10 +54,12 @@ from netopt.dataplane import trace
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import StorageError
 from netopt.fsutil import atomic_write_bytes, nearest_existing
-from netopt.tlsca import ServerFiles, issue_server_files
 from netopt.tlsconf import ClientTls, current_client_tls, use_client_tls
 from netopt.transfer.planner import CpuProfile, TransferPlan
 from netopt.transfer.profile import default_codec_cache_path
+
+if TYPE_CHECKING:
+    from netopt.tlsca import ServerFiles
 
 __all__ = [
     "FIGURES_KEPT",
@@ -191,6 +194,10 @@ async def _measure(work: Path, runs: int) -> float:
     # too, with a throwaway CA for 127.0.0.1, set for this calibration's context only.
     tls = None
     if current_client_tls().enabled:
+        # Here, not at the top: the certificate library is ~40 ms to import, and every
+        # sync of a tree imports this module.
+        from netopt.tlsca import issue_server_files
+
         tls = issue_server_files(work / "tls", "calibration", ips=["127.0.0.1"])
         use_client_tls(ClientTls(ca_file=str(tls.ca_cert), where="the per-file calibration"))
     else:

@@ -426,14 +426,15 @@ def _keep_file_cost(where: str | None, report: SyncReport) -> None:
     """What a sync the files bound showed per file, kept for the next plan on its
     filesystem (`netopt.cache.filecost.keep_observed`). A sync that started again on a new
     version (two passes in its time) shows nothing."""
-    from netopt.cache.filecost import keep_observed, observed_per_file_s  # it imports us
-
-    if where is None or report.transfer_plan is None or report.summary is None:
+    plan = report.transfer_plan
+    if where is None or plan is None or plan.bottleneck != "files" or report.summary is None:
         return
     if report.version_restarts:
         return
+    from netopt.cache.filecost import keep_observed, observed_per_file_s  # it imports us
+
     work_s = report.seconds - report.file_cost_s
-    per_file_s = observed_per_file_s(report.transfer_plan, work_s, report.summary.files_written)
+    per_file_s = observed_per_file_s(plan, work_s, report.summary.files_written)
     if per_file_s is not None:
         keep_observed(where, per_file_s)
 
