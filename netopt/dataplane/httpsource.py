@@ -21,12 +21,14 @@ import json
 import re
 import socket
 import time
+import types
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
 from multidict import CIMultiDict
+from yarl import URL
 
 from netopt.dataplane import prefetch, trace
 from netopt.dataplane.chunkio import (
@@ -365,19 +367,51 @@ class HttpChunkSource:
             self.note_round_trip(time.monotonic() - sent_s, FIRST_BYTE)
 
     async def warm_up(self, connections: int) -> None:
-        """Open ``connections`` connections now (parallel health requests), so the first
-        chunk requests do not wait for a handshake; each one opened counts in
-        `warm_ready`. Failures are left to the real requests."""
+        """Open ``connections`` connections now, in parallel, so the first chunk requests
+        do not wait for a handshake; each one opened counts in `warm_ready`. A connection
+        is opened (TCP, then TLS where the URL says so) and left idle in the session's
+        pool (`_open_idle`): no request, so it is ready a round trip sooner than one a
+        request opens (a small sync's first chunk request waited for that round trip).
+        Where this aiohttp cannot open one without a request, a health request opens it.
+        Failures are left to the real requests."""
 
         async def one() -> None:
             with contextlib.suppress(NetworkError, ValidationError, AuthenticationError):
-                await self._get("/v1/health", MAX_INFO_BYTES)
+                if not await self._open_idle():
+                    await self._get("/v1/health", MAX_INFO_BYTES)
                 self.warm_ready += 1
                 if not self._first_warm.is_set():
                     self._first_warm_s = time.monotonic()
                     self._first_warm.set()
 
         await asyncio.gather(*(one() for _ in range(connections)))
+
+    async def _open_idle(self) -> bool:
+        """Open one connection to the server through the session's connector (its socket
+        factory, its TLS context, its pool key: the one a GET of this server has) and
+        release it idle into the pool; True once it is open. False where aiohttp's
+        connector or request cannot be used so (their signatures are aiohttp's own); a
+        connection that fails raises NetworkError, as a request's would."""
+        session = self._require_session()
+        try:
+            request = aiohttp.ClientRequest(
+                "GET", URL(self.url.base + "/v1/health"),
+                loop=asyncio.get_running_loop(), session=session,
+            )  # fmt: skip
+            opening = session.connector.connect(request, [], session.timeout)  # type: ignore[union-attr]
+        except (TypeError, AttributeError):
+            return False
+        noted = types.SimpleNamespace()  # as aiohttp's trace hooks note a connection
+        await self._connect_started(session, noted, None)
+        try:
+            connection = await opening
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            _CONNECTING.set(None)
+            raise NetworkError(f"{self.url} is unreachable: {exc}") from exc
+        await self._connect_ended(session, noted, None)
+        connection.release()
+        trace.count("warm_idle_connections")
+        return True
 
     @property
     def warm_up_started(self) -> bool:

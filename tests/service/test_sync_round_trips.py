@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from netopt.dataplane.client import ClientOptions, sync_url
@@ -235,7 +236,8 @@ async def test_a_one_chunk_sync_fetches_its_chunk_in_parts_over_every_stream(
     assert summary.chunk_retries == 0
     chunk_count = summary.chunks_fetched
     assert 1 <= chunk_count <= 2  # 700 KB at 1 MiB average chunks
-    routes = [s.route for s in seen if s.route != "health"]  # health: warm-up requests
+    routes = [s.route for s in seen]
+    assert "health" not in routes  # the warm-up opens its connections without a request
     assert routes.count("info") == 1, routes  # the parts' headers carried the version
     assert not {"stream", "batch"} & set(routes), routes
     asked = [s for s in seen if s.route == "chunks"]
@@ -373,10 +375,19 @@ async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_con
     assert {s.query["parts"] for s in asked if s.query} == {str(parts)}
 
 
-async def test_a_late_warm_up_connection_holds_nothing_up(tmp_path: Path) -> None:
+async def test_a_late_warm_up_connection_holds_nothing_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One warm-up connection of `WARM_CONNECTIONS` is answered late: the sync goes on
     over the others (its chunk in one part per open one) and is done before the late one
-    answers; closing the source ends that request."""
+    answers; closing the source ends that request. The warm-up opens its connections with
+    health requests here (where aiohttp cannot open one idle), so that one can be late on
+    loopback; `tests/service/test_warm_connections.py` holds an idle one's handshake."""
+
+    def no_idle_connections(*_: object, **__: object) -> None:
+        raise TypeError("as an aiohttp without that signature")
+
+    monkeypatch.setattr(aiohttp, "ClientRequest", no_idle_connections)
     files = _one_file(tmp_path / "src")
     seen: list[Seen] = []
     late = asyncio.Event()

@@ -554,20 +554,25 @@ def test_a_close_right_after_the_handshake_without_a_client_certificate_is_named
     port = listener.getsockname()[1]
     stop = threading.Event()
 
+    def refuse(raw: socket.socket) -> None:
+        try:
+            conn = context.wrap_socket(raw, server_side=True)
+            conn.settimeout(5)
+            conn.recv(1)  # the request has come: unread bytes make the close a reset
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" * 2)
+            conn.close()
+        except OSError:
+            raw.close()
+
     def serve() -> None:
+        # Each connection on its own thread, as a server does: the sync's warm-up opens
+        # connections that carry no request, and one must not hold the others back.
         while not stop.is_set():
             try:
                 raw, _ = listener.accept()
             except OSError:
                 return
-            try:
-                conn = context.wrap_socket(raw, server_side=True)
-                conn.settimeout(5)
-                conn.recv(1)  # the request has come: unread bytes make the close a reset
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00" * 2)
-                conn.close()
-            except OSError:
-                raw.close()
+            threading.Thread(target=refuse, args=(raw,), daemon=True).start()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
