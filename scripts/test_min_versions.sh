@@ -20,12 +20,14 @@ trap 'rm -f "$constraints"' EXIT
 echo "min-versions: $(tr '\n' ' ' < "$constraints")"
 if [ $# -eq 0 ]; then
   # The unit tests and the service tests of each dependency's edge: aiohttp (the data
-  # plane, a sync's round trips, the service shell, the coordinator API), cryptography and
-  # ssl (TLS), aiobotocore (S3), psycopg (the PostgreSQL store and replicas). At these pins an asyncio loop
+  # plane, a sync's round trips and warm connections, the service shell, the coordinator
+  # API), cryptography and ssl (TLS), aiobotocore (S3), psycopg (the PostgreSQL store and
+  # replicas). At these pins an asyncio loop
   # is left open somewhere (its self-pipe, found later by the GC, lands on whichever test
   # runs then: the S3 CLI tests, the coordinator API's first): not yet traced, so those
   # warnings are not errors in this run, and tests/service as a whole is not run here.
   set -- tests/unit tests/service/test_dataplane_server.py tests/service/test_sync_round_trips.py \
+    tests/service/test_warm_connections.py \
     tests/service/test_service_shell.py tests/service/test_coordinator_api.py \
     tests/service/test_tls.py tests/service/test_cache_s3.py tests/service/test_store_contract.py \
     tests/service/test_coordinator_postgres.py

@@ -25,6 +25,7 @@ from netopt.dataplane.httpsource import (
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.tlsca import issue_server_files
 from netopt.tlsconf import ClientTls, ServerTls, server_context, use_client_tls
+from netopt.webshell import ListenerLimits
 from tests.service.dataplane_helpers import CPU, TOKEN, make_dataset
 
 WARM = 16
@@ -37,9 +38,11 @@ def _url(port: int) -> DatasetUrl:
 
 
 @asynccontextmanager
-async def _tls_data_plane(tmp_path: Path, routes: list[str]) -> AsyncIterator[int]:
-    """The data plane over TLS on 127.0.0.1, noting each request's path; its port. The
-    client side trusts its throwaway CA for the test's context."""
+async def _tls_data_plane(
+    tmp_path: Path, routes: list[str], limits: ListenerLimits | None = None
+) -> AsyncIterator[int]:
+    """The data plane over TLS on 127.0.0.1 (under ``limits``), noting each request's
+    path; its port. The client side trusts its throwaway CA for the test's context."""
     files = issue_server_files(tmp_path / "tls", "node", ips=["127.0.0.1"])
     make_dataset(tmp_path / "src")
 
@@ -52,7 +55,7 @@ async def _tls_data_plane(tmp_path: Path, routes: list[str]) -> AsyncIterator[in
     dataset = load_dataset(tmp_path / "src", "ds", 64 * 1024)
     add_dataplane(app, ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU)
     context = server_context(ServerTls(str(files.cert), str(files.key)))
-    runner, port = await start_server(app, "127.0.0.1", 0, ssl_context=context)
+    runner, port = await start_server(app, "127.0.0.1", 0, limits, ssl_context=context)
     use_client_tls(ClientTls(ca_file=str(files.ca_cert), where="the test"))
     try:
         yield port
@@ -160,3 +163,30 @@ async def test_where_aiohttp_cannot_open_one_idle_a_health_request_opens_it(
             async with asyncio.timeout(5):
                 assert await source.warmed(grace_s=HELD_S) == 4
     assert routes == ["/v1/health"] * 4
+
+
+async def test_warm_connections_the_server_closed_unused_are_opened_again(
+    tmp_path: Path,
+) -> None:
+    # A server closes a connection that sends no request in time (`netopt serve` after
+    # 15 s): a sync that reaches its chunks later finds its warm connections closed, and
+    # its requests open new ones; none fails.
+    routes: list[str] = []
+    limits = ListenerLimits(header_timeout_s=0.3)
+    async with (
+        _tls_data_plane(tmp_path, routes, limits) as port,
+        _relay(port, lambda _: False, asyncio.Event()) as (relay_port, forwarded),
+    ):
+        options = ClientOptions(token=TOKEN, streams=4)
+        async with HttpChunkSource(_url(relay_port), options) as source:
+            source.start_warm_up(4)
+            async with asyncio.timeout(5):
+                assert await source.warmed(grace_s=HELD_S) == 4
+            assert len(forwarded) == 4
+            await asyncio.sleep(1.0)  # the server's deadline passes: it closes all four
+            infos = await asyncio.gather(*(source.fetch_info() for _ in range(4)))
+            again = await source.fetch_info()
+            # Four new connections carried the requests (the closed ones were not used).
+            assert len(forwarded) == 8
+    assert {i.manifest_id for i in infos} == {again.manifest_id}
+    assert routes == ["/v1/datasets/ds"] * 5
