@@ -46,7 +46,7 @@ MAX_VERSION_RESTARTS = 3
 """Times a sync starts again on a new version of a changing origin before it gives up."""
 SHARING_WARM_CONNECTIONS = 8
 """Set-up connections to the origin of a sync with region sharing (else
-`netopt.dataplane.prefetch.WARM_CONNECTIONS`, 16): its chunks come mostly from in-region
+`netopt.dataplane.prefetch.WARM_CONNECTIONS`, 32): its chunks come mostly from in-region
 peers, and each TLS connection's handshake crosses the border too (~2 KB: in the lab's
 three-node sharing test 16 a node put the border at 1.0525 x the data, 8 at 1.046)."""
 

@@ -52,9 +52,10 @@ MAX_MANIFEST_BYTES = MAX_MANIFEST_ENTRIES * MANIFEST_BYTES_PER_ENTRY
 _TOKENS_PER_ENTRY = 12
 """JSON structure characters (``{ [ : ,``) per entry: 12 for a file, 3 per chunk."""
 
-MAX_CHUNK_PARTS = 16
+MAX_CHUNK_PARTS = 32
 """The most parts the chunk route cuts one chunk into (``?part=I&parts=N``): a small sync
-spreads its one large chunk over that many warm connections at most."""
+spreads its one large chunk over that many warm connections at most. A server says its
+own in its info (``chunk_parts``); a client asks an older server (16) for that many."""
 
 MAX_AVG_CHUNK_BYTES = 4 * 1024 * 1024
 """The largest average chunk size FastCDC accepts (`netopt.chunking`)."""

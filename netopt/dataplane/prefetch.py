@@ -77,13 +77,19 @@ _TCP_INFO = getattr(socket, "TCP_INFO", 11)
 _TCPI_RTT_OFFSET = 68
 """``tcpi_rtt`` (microseconds) in Linux's ``struct tcp_info``."""
 
-WARM_CONNECTIONS = 16
+WARM_CONNECTIONS = 32
 """Connections opened during set-up when the stream count is not known yet. A small
 sync's chunk is cut into one part per warm connection (`streamwork.parts_per_chunk`), each
 in its own slow start: on the 140 ms lab link a 1 MB text dataset (~300 KB of zstd) took
 3 round trips over 4 connections (~75 KB each: 14.5 + 29 + 58 KB), 2 over 8, and about
 one over 16 (~19 KB each: a fresh window of 10 segments, grown by the TLS handshake's
-few, carries it in one flight): request to last byte 0.47-0.5 s over 8, 0.31 s over 16."""
+few, carries it in one flight): request to last byte 0.47-0.5 s over 8, 0.31 s over 16.
+Once the connections were opened without a request (`HttpChunkSource.warm_up`), 16 parts
+of ~19 KB no longer fit the first window (no answer had grown it): 32 (~9 KB each) took
+the sync's median request to last byte from 0.60 and 0.43 s to 0.42 and 0.35 s, and its
+median wall clock from 1.28 and 1.07 s to 1.08 and 0.99 s (two interleaved pairs of 12
+runs). Each is one more TLS handshake for both ends, during the set-up's wait for the
+manifest."""
 
 STATS: Counter[str] = Counter()
 """Process-wide counts: ``meta_used``, ``sockets_used``, ``sockets_discarded``; of

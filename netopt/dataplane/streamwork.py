@@ -36,9 +36,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MIN_PART_BYTES", "Asked", "part_worker", "parts_per_chunk", "stream_worker"]
 
-MIN_PART_BYTES = 64 * 1024
+MIN_PART_BYTES = 32 * 1024
 """A chunk is cut into parts of at least this many bytes (see `parts_per_chunk`): a 1 MiB
-chunk into 16, one per warm connection (`prefetch.WARM_CONNECTIONS`)."""
+chunk into 32, one per warm connection (`prefetch.WARM_CONNECTIONS`)."""
 
 
 _BACKOFF_POLL_S = 0.05

@@ -65,11 +65,14 @@ async def _serve(
     part_version: str | None = None,
     corrupt_parts: int = 0,
     late_health: asyncio.Event | None = None,
+    info_chunk_parts: int | None = None,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
     a stream request is answered only once its body (the names) has ended.
     ``late_health``: the second health request (a warm-up's) is answered only once it is
-    set (10 s at most), as a connection whose handshake lost a packet is late."""
+    set (10 s at most), as a connection whose handshake lost a packet is late.
+    ``info_chunk_parts``: the info says the server cuts a chunk into that many parts at
+    most (as an older server's does)."""
 
     corrupted: list[str] = []
     health_seen = 0
@@ -87,6 +90,12 @@ async def _serve(
             if whole_stream_bodies and _route(request.path) == "stream":
                 await request.content.wait_eof()  # unread: the handler reads the names
             resp = await handler(request)
+            if info_chunk_parts is not None and _route(request.path) == "info":
+                assert isinstance(resp, web.Response)
+                assert isinstance(resp.body, bytes)
+                info = json.loads(resp.body)
+                info["chunk_parts"] = info_chunk_parts
+                resp.body = json.dumps(info).encode()
             if part_version is not None and "X-Netopt-Version" in resp.headers:
                 resp.headers["X-Netopt-Version"] = part_version  # as if the files changed
             if (
@@ -278,7 +287,8 @@ async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -
             assert b"".join(pieces) == data
             assert [len(p) for p in pieces] == [len(data) * (i + 1) // 3 - len(data) * i // 3
                                                 for i in range(3)]  # fmt: skip
-            bad = [{"part": "3", "parts": "3"}, {"part": "0", "parts": "17"},
+            over = str(MAX_CHUNK_PARTS + 1)
+            bad = [{"part": "3", "parts": "3"}, {"part": "0", "parts": over},
                    {"part": "-1", "parts": "2"}, {"part": "x", "parts": "2"}, {"parts": "2"},
                    {"part": "0", "parts": "1" * 40}]  # fmt: skip
             for params in bad:
@@ -348,14 +358,18 @@ def _one_file(src: Path) -> dict[str, bytes]:
     return files
 
 
+@pytest.mark.parametrize("offered", [None, 16])
 async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_connection(
-    tmp_path: Path,
+    tmp_path: Path, offered: int | None
 ) -> None:
     """The plan chooses the streams: a one-chunk sync then cuts its chunk into a part per
-    warm connection (at least `WARM_CONNECTIONS`), each part at least `MIN_PART_BYTES`."""
+    warm connection (at least `WARM_CONNECTIONS`), each part at least `MIN_PART_BYTES`,
+    and no more parts than the server's info offers (an older server's 16)."""
     files = _one_file(tmp_path / "src")
     seen: list[Seen] = []
-    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024)
+    runner, port = await _serve(
+        tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, info_chunk_parts=offered
+    )
     client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
     try:
         async with asyncio.timeout(20):
@@ -368,7 +382,9 @@ async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_con
     check_tree(tmp_path / "dest", files)
     assert summary.chunks_fetched == 1
     connections = max(plan.streams, WARM_CONNECTIONS)
-    parts = min(connections, MAX_CHUNK_PARTS, len(files["one.py"]) // MIN_PART_BYTES)
+    most = MAX_CHUNK_PARTS if offered is None else offered
+    parts = min(connections, most, len(files["one.py"]) // MIN_PART_BYTES)
+    assert parts == (32 if offered is None else 16)  # 1 MiB: 32 parts of 32 KiB
     assert plan.streams < parts  # the rule is what gives the parts here, not the plan
     asked = [s for s in seen if s.route == "chunks"]
     assert len(asked) == parts, [s.route for s in seen]
