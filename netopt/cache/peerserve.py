@@ -130,7 +130,7 @@ class CachedDatasets(Mapping[str, CachedDataset]):
 
     def __iter__(self) -> Iterator[str]:
         try:
-            names = sorted(p.name for p in (self.root / "manifests").iterdir() if p.is_dir())
+            names = sorted(p.name for p in (self.root / MANIFESTS_DIR).iterdir() if p.is_dir())
         except OSError:
             return iter(())
         return iter(n for n in names if is_dataset_name(n))

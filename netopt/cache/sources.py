@@ -143,9 +143,13 @@ class OpenedSource:
     """The plan again for the bytes the sync fetches and the files it writes, known once
     the cache and DEST were looked at (``plan`` counts the manifest's chunks and files):
     what the sync reports (a re-sync of a mostly cached dataset is not a full fetch)."""
+    file_cost_dir: str | None = None
+    """Where the open looked the per-file cost up (`netopt.cache.filecost`: a figure kept
+    for that filesystem, or measured there); None when it did not (a source of another
+    kind, or a per-file cost given). A sync the files bound keeps what it showed there."""
     file_cost_s: float = 0.0
-    """Seconds the open spent finding the per-file cost (`netopt.cache.filecost`): ~0
-    when kept, 2-3 s when measured; not the files' time."""
+    """Seconds the open spent finding the per-file cost: ~0 when kept, 2-3 s when
+    measured; not the files' time."""
 
     async def check_still_current(self, shared: bool) -> None:
         """DatasetChangedError when the origin moved on to another version while DEST was
@@ -372,12 +376,13 @@ class NetoptSource(Source):
         )
         plan = plan_with(cpu)
         file_cost_s = 0.0
-        if cpu.per_file_s is None and opts.file_cost_dir is not None:
+        file_cost_dir = opts.file_cost_dir if cpu.per_file_s is None else None
+        if file_cost_dir is not None:
             from netopt.cache.filecost import per_file_cost_s  # it syncs: syncer imports us
 
             looked_s = time.monotonic()
             per_file_s = await asyncio.to_thread(
-                per_file_cost_s, opts.file_cost_dir, len(manifest.files), plan.work_s
+                per_file_cost_s, file_cost_dir, len(manifest.files), plan.work_s
             )
             file_cost_s = time.monotonic() - looked_s
             if per_file_s is not None:
@@ -394,7 +399,8 @@ class NetoptSource(Source):
         parts = 0 if opts.streams else part_connections(streams, source.warm_ready)
         return OpenedServed(
             self.kind, url.name, manifest, source, streams, overhead_bytes, plan, figures,
-            part_connections=parts, served=source, file_cost_s=file_cost_s,
+            part_connections=parts, served=source,
+            file_cost_dir=file_cost_dir, file_cost_s=file_cost_s,
             replan=lambda fetch_bytes, files: plan_with(cpu, fetch_bytes=fetch_bytes, files=files),
         )  # fmt: skip
 

@@ -282,6 +282,8 @@ class SyncReport:
     levels_over_time: list[dict[str, float | int | None]] | None = None
     """The adaptive level's measurement windows: time, level, goodput (see
     `netopt.transfer.adapt`)."""
+    file_cost_dir: str | None = None
+    """Where the per-file cost was looked up (`OpenedSource.file_cost_dir`)."""
     file_cost_s: float = 0.0
     """Seconds spent finding the per-file cost (`OpenedSource.file_cost_s`)."""
 
@@ -417,16 +419,15 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
         raise
     if not report.dry_run:
         await asyncio.to_thread(record_sync, req.cache_dir, name, _totals_of(report))
-        if source_options.client_cpu is None or source_options.client_cpu.per_file_s is None:
-            await asyncio.to_thread(_keep_file_cost, source_options.file_cost_dir, report)
+        await asyncio.to_thread(_keep_file_cost, report)
     return report
 
 
-def _keep_file_cost(where: str | None, report: SyncReport) -> None:
-    """What a sync the files bound showed per file, kept for the next plan on its
-    filesystem (`netopt.cache.filecost.keep_observed`). A sync that started again on a new
-    version (two passes in its time) shows nothing."""
-    plan = report.transfer_plan
+def _keep_file_cost(report: SyncReport) -> None:
+    """What a sync the files bound showed per file, kept for the next plan where its
+    per-file cost was looked up (`netopt.cache.filecost.keep_observed`). A sync that
+    started again on a new version (two passes in its time) shows nothing."""
+    plan, where = report.transfer_plan, report.file_cost_dir
     if where is None or plan is None or plan.bottleneck != "files" or report.summary is None:
         return
     if report.version_restarts:
@@ -520,5 +521,6 @@ async def _run_sync_once(
         sharing=shared,
         link_figures=opened.link_figures.to_dict() if opened.link_figures else None,
         levels_over_time=opened.levels_over_time(),
+        file_cost_dir=opened.file_cost_dir,
         file_cost_s=opened.file_cost_s,
     )
