@@ -10,17 +10,25 @@ filesystem, and kept beside the codec speeds (`file_cost_cache_path`, keyed by
 `filesystem_key`: the device number and the filesystem's id, so a filesystem made again
 on a re-used device, a loop device or a volume, is measured again; the lab's destination,
 a fresh ext4 image each session on /dev/loop0, planned with a figure half the real one
-when the key was the device number alone). A sync measures it only when its files could
-hold it back (`per_file_cost_s`): at least `MEASURE_FROM_FILES` files, and so many that at
-`PER_FILE_CEILING_S` each they would take longer than the plan's bytes. Measuring costs
-~2.5 s the first time on a filesystem; the lab's 7,947-file packages tree paid that and
-fell behind rsync while its files, at the measured figure, were 1 s of its 6.9 s.
+when the key was the device number alone). A sync measures it only when its files are
+likely to hold it back (`per_file_cost_s`): at least `MEASURE_FROM_FILES` files, and so many
+that at `PER_FILE_LIKELY_S` each they would take longer than the plan's bytes. Measuring
+costs ~2 s, on the sync's path: the lab's 7,947-file packages tree, measured because at
+`PER_FILE_CEILING_S` its files could have outlasted its 5 s of bytes, paid it on its
+first sync on a filesystem and fell behind rsync, while its files at the figure measured
+were 1.2-1.4 s of work. Where only the ceiling says the files could bind, a sync that then
+overran its plan (the files may have bound it) marks the filesystem (`keep_observed`), and
+the next such sync on it measures.
 
 The calibration is a first guess: loopback syncs of 1,000 files, where a real sync moves
 its files over a link, compressed, beside whatever else the node runs (the lab's 100,000
 files cost 1.3-1.5x the calibration's figure, its packet relay sharing the two cores). So
 a sync the files bound (`observed_per_file_s`) adds the figure it showed to the ones kept
-(`keep_observed`, at most `FIGURES_KEPT`), and the next plan takes their median.
+(`keep_observed`, at most `FIGURES_KEPT`), and the next plan takes their median. So does a
+sync planned as bound by its bytes that overran its plan (`PLAN_OVERRUN`) by a figure its
+files could have cost (at most `PER_FILE_CEILING_S`): a calibration that said too little
+(the lab's fresh filesystem once measured 58 us, where its 100,000-file sync then showed
+150) plans the files short of the bytes, and the plan would never learn otherwise.
 
 `measure_per_file_s` serves two directories with the real server (``netopt serve``, its
 own process, on 127.0.0.1 with a random token), `FILES` files of `FILE_BYTES` and one
@@ -67,6 +75,8 @@ __all__ = [
     "FILE_BYTES",
     "MEASURE_FROM_FILES",
     "PER_FILE_CEILING_S",
+    "PER_FILE_LIKELY_S",
+    "PLAN_OVERRUN",
     "RUNS",
     "file_cost_cache_path",
     "files_could_bind",
@@ -82,7 +92,15 @@ MEASURE_FROM_FILES = 1000
 PER_FILE_CEILING_S = 700e-6
 """The highest per-file cost measured on this project's machines (687 us: ext4 mounted
 ``discard`` just after a tree was deleted; 128-266 us elsewhere). Files that would not
-outlast the bytes even at this cost cannot bind the sync, so they are not measured."""
+outlast the bytes even at this cost cannot bind the sync: they are never measured."""
+PER_FILE_LIKELY_S = 300e-6
+"""Above every per-file cost this project's machines showed in normal use (55-266 us
+calibrated, 146-177 us shown by the lab's 100,000-file syncs): files that would not outlast
+the bytes at this cost are not measured before a sync, unless a sync on the filesystem
+overran its plan (`keep_observed`); the ceiling (`PER_FILE_CEILING_S`) then decides."""
+PLAN_OVERRUN = 1.2
+"""A sync that took this many times its plan's predicted time, or more, overran it (the
+plan's goal is its predicted time within 20%)."""
 
 FIGURES_KEPT = 5
 """Per-file figures kept per filesystem: the calibration, then what real syncs showed
@@ -281,9 +299,9 @@ def _figure(value: object) -> float | None:
 
 def _cached(cache: Path) -> dict[str, list[float]]:
     """The kept figures by `filesystem_key`, oldest first (at most `FIGURES_KEPT`; a lone
-    number, as older versions kept, is one figure); keys of any other shape (the device
-    numbers alone that older versions kept) and values that are not per-file costs are
-    dropped."""
+    number, as older versions kept, is one figure; none: marked unsure, `keep_observed`);
+    keys of any other shape (the device numbers alone that older versions kept) and values
+    that are not per-file costs are dropped."""
     try:
         raw = json.loads(cache.read_text())
     except (OSError, ValueError):
@@ -294,7 +312,7 @@ def _cached(cache: Path) -> dict[str, list[float]]:
     for key, value in raw.items():
         values = value if isinstance(value, list) else [value]
         figures = [f for f in map(_figure, values[-FIGURES_KEPT:]) if f is not None]
-        if _KEY.fullmatch(str(key)) and figures and len(figures) == len(values[-FIGURES_KEPT:]):
+        if _KEY.fullmatch(str(key)) and len(figures) == len(values[-FIGURES_KEPT:]):
             known[str(key)] = figures
     return known
 
@@ -307,10 +325,11 @@ def _keep(cache: Path, known: dict[str, list[float]]) -> None:
         pass  # measured again next time
 
 
-def files_could_bind(files: int, bytes_s: float) -> bool:
+def files_could_bind(files: int, bytes_s: float, per_file_s: float = PER_FILE_LIKELY_S) -> bool:
     """Whether ``files`` files could take longer than the ``bytes_s`` seconds a plan
-    gives the bytes, at the highest per-file cost seen (`PER_FILE_CEILING_S`)."""
-    return files >= MEASURE_FROM_FILES and files * PER_FILE_CEILING_S >= bytes_s
+    gives the bytes, at ``per_file_s`` each (`PER_FILE_LIKELY_S`; `PER_FILE_CEILING_S`, the
+    highest seen, where a filesystem is marked unsure)."""
+    return files >= MEASURE_FROM_FILES and files * per_file_s >= bytes_s
 
 
 def per_file_cost_s(
@@ -319,18 +338,19 @@ def per_file_cost_s(
     """The per-file cost on ``where``'s filesystem for a sync of ``files`` files whose
     bytes the plan gives ``bytes_s`` seconds: None below `MEASURE_FROM_FILES`; else from
     ``cache`` (default `file_cost_cache_path`) when kept there (the median of the figures
-    kept, `FIGURES_KEPT`); else, when the files could
-    bind (`files_could_bind`), measured under ``where`` now (~2-3 s, once per filesystem)
-    and kept. None when not measured or it cannot be (the plan then counts bytes only).
-    Blocking."""
+    kept, `FIGURES_KEPT`); else, when the files could bind (`files_could_bind`: at
+    `PER_FILE_LIKELY_S`, or at `PER_FILE_CEILING_S` on a filesystem marked unsure), measured
+    under ``where`` now (~2 s, once per filesystem) and kept. None when not measured or it
+    cannot be (the plan then counts bytes only). Blocking."""
     if files < MEASURE_FROM_FILES:
         return None
     cache = cache if cache is not None else file_cost_cache_path()
     key = filesystem_key(where)
     known = _cached(cache)
-    if key is not None and key in known:
+    if key is not None and known.get(key):
         return statistics.median(known[key])
-    if not files_could_bind(files, bytes_s):
+    unsure = key is not None and key in known
+    if not files_could_bind(files, bytes_s, PER_FILE_CEILING_S if unsure else PER_FILE_LIKELY_S):
         return None
     seconds = measure_per_file_s(where)
     if seconds is None or key is None:
@@ -343,25 +363,37 @@ def per_file_cost_s(
 def observed_per_file_s(plan: TransferPlan, work_s: float, files: int) -> float | None:
     """The per-file cost a finished sync showed: its ``work_s`` seconds (from its start
     to its end, less the time it spent finding its per-file cost) less the plan's set-up,
-    over the ``files`` it wrote. None unless the plan said the files bound it (bottleneck
-    ``files``: then its time is theirs, the bytes took less) and they were at least
-    `MEASURE_FROM_FILES`, or the figure is not a per-file cost (negative, a second or
-    more)."""
-    if plan.bottleneck != "files" or files < MEASURE_FROM_FILES:
+    over the ``files`` it wrote, where its time can be its files': the plan said they bound
+    it (bottleneck ``files``: the bytes took less), or it said the bytes did and the sync
+    overran it (`PLAN_OVERRUN`) by a figure at most `PER_FILE_CEILING_S` (more is not what
+    files cost: something else held it back). None for fewer than `MEASURE_FROM_FILES`
+    files, or a figure that is no per-file cost (negative, a second or more)."""
+    if files < MEASURE_FROM_FILES:
         return None
-    return _figure((work_s - plan.setup_s) / files)
+    figure = _figure((work_s - plan.setup_s) / files)
+    if plan.bottleneck == "files":
+        return figure
+    overran = work_s >= plan.predicted_time_s * PLAN_OVERRUN
+    return figure if overran and figure is not None and figure <= PER_FILE_CEILING_S else None
 
 
 def keep_observed(
     where: str | os.PathLike[str], per_file_s: float, cache: Path | None = None
 ) -> None:
     """Add a figure a real sync showed (`observed_per_file_s`) to the ones kept for
-    ``where``'s filesystem, where a calibration is kept (see the module); the oldest goes
-    beyond `FIGURES_KEPT`. Blocking; a cache that cannot be written is left as it is."""
+    ``where``'s filesystem (see the module); the oldest goes beyond `FIGURES_KEPT`. Where
+    none is kept (the sync planned without one, and overran), mark the filesystem unsure
+    instead: its next sync whose files could bind at `PER_FILE_CEILING_S` measures. Blocking;
+    a cache that cannot be written is left as it is."""
     cache = cache if cache is not None else file_cost_cache_path()
     key = filesystem_key(where)
     known = _cached(cache)
-    if key is None or key not in known or _figure(per_file_s) is None:
+    if key is None or _figure(per_file_s) is None:
         return
-    known[key] = [*known[key], per_file_s][-FIGURES_KEPT:]
+    if known.get(key):
+        known[key] = [*known[key], per_file_s][-FIGURES_KEPT:]
+    elif key not in known:
+        known[key] = []  # unsure
+    else:
+        return
     _keep(cache, known)

@@ -424,20 +424,18 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
 
 
 def _keep_file_cost(report: SyncReport) -> None:
-    """What a sync the files bound showed per file, kept for the next plan where its
-    per-file cost was looked up (`netopt.cache.filecost.keep_observed`). A sync that
+    """What a sync showed of its per-file cost (`netopt.cache.filecost.observed_per_file_s`),
+    kept where it was looked up (`netopt.cache.filecost.keep_observed`). A sync that
     started again on a new version (two passes in its time) shows nothing."""
     plan, where = report.transfer_plan, report.file_cost_dir
-    if where is None or plan is None or plan.bottleneck != "files" or report.summary is None:
+    if where is None or plan is None or report.summary is None or report.version_restarts:
         return
-    if report.version_restarts:
-        return
-    from netopt.cache.filecost import keep_observed, observed_per_file_s  # it imports us
+    from netopt.cache import filecost  # it imports us
 
     work_s = report.seconds - report.file_cost_s
-    per_file_s = observed_per_file_s(plan, work_s, report.summary.files_written)
+    per_file_s = filecost.observed_per_file_s(plan, work_s, report.summary.files_written)
     if per_file_s is not None:
-        keep_observed(where, per_file_s)
+        filecost.keep_observed(where, per_file_s)
 
 
 def _totals_of(report: SyncReport) -> SyncTotals:
