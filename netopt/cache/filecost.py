@@ -27,8 +27,8 @@ a sync the files bound (`observed_per_file_s`) adds the figure it showed to the 
 (`keep_observed`, at most `FIGURES_KEPT`), and the next plan takes their median. So does a
 sync planned as bound by its bytes that overran its plan (`PLAN_OVERRUN`) by a figure its
 files could have cost (at most `PER_FILE_CEILING_S`): a calibration that said too little
-(the lab's fresh filesystem once measured 58 us, where its 100,000-file sync then showed
-150) plans the files short of the bytes, and the plan would never learn otherwise.
+(the lab's fresh filesystem once measured 58 us, where its 100,000-file syncs then showed
+108-109) plans the files short of the bytes, and the plan would never learn otherwise.
 
 `measure_per_file_s` serves two directories with the real server (``netopt serve``, its
 own process, on 127.0.0.1 with a random token), `FILES` files of `FILE_BYTES` and one

@@ -168,7 +168,7 @@ def test_measured_only_where_the_files_are_likely_to_bind() -> None:
 
 def test_a_sync_planned_on_its_bytes_that_overran_its_plan() -> None:
     # The lab's 100,000-file tree planned with a calibration that said too little (58 us):
-    # bound by its bytes, 9.4 s predicted; it took 15.0 s (the files showed ~150 us).
+    # bound by its bytes, 9.4 s predicted; it took 15.0 s (141 us a file).
     plan = replace(_plan("link", 0.9), predicted_time_s=9.4)
     seen = filecost.observed_per_file_s(plan, 15.0, 100_000)
     assert seen == pytest.approx((15.0 - 0.9) / 100_000)
