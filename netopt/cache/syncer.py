@@ -311,6 +311,7 @@ class SyncReport:
             "chunks_fetched": s.chunks_fetched if s else 0,
             "chunks_reused": self.plan.chunks_reused,
             "chunk_retries": s.chunk_retries if s else 0,
+            "link_returns": s.link_returns if s else 0,
             "compression_ratio": round(s.compression_ratio, 3) if s else 1.0,
             "goodput_mbps": round(s.goodput_bps / 1e6, 2) if s else 0.0,
             "evicted_chunks": self.evicted_chunks,

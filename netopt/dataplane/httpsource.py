@@ -47,6 +47,7 @@ from netopt.dataplane.limits import (
     check_manifest_bounds,
     check_manifest_shape,
 )
+from netopt.dataplane.linkwatch import LinkWatch, TrackedSockets
 from netopt.dataplane.manifestversions import (
     KnownManifests,
     NotModified,
@@ -259,6 +260,10 @@ class HttpChunkSource:
         self._warming: asyncio.Task[None] | None = None
         self._first_warm = asyncio.Event()
         self._first_warm_s = 0.0
+        self._sockets = TrackedSockets()
+        self.link_watch = LinkWatch(url.host, url.port, self._sockets, lambda: self.rtt_s)
+        """Probes the server after a stream fails; at its answer, drops the connections the
+        failure left dead (`netopt.dataplane.linkwatch`)."""
 
     @property
     def stall_timeout_s(self) -> float:
@@ -290,12 +295,22 @@ class HttpChunkSource:
             if creating is not None:
                 creating.adopted = True  # its "connect" is instant: not a round trip
             set_user_timeout(connected, self.stall_timeout_s)
+            self._sockets.add(connected)
             return connected
         sock = socket.socket(family, type_, proto)
         if self.options.congestion_control is not None:
             try_congestion_control(sock, self.options.congestion_control)
         set_user_timeout(sock, self.stall_timeout_s)
+        self._sockets.add(sock)
         return sock
+
+    def stream_failed(self) -> None:
+        """A stream broke or stalled: watch for the server's answer (`link_watch`)."""
+        self.link_watch.failed(self.stall_timeout_s)
+
+    def link_returns(self) -> int:
+        """How many times the server answered again after streams failed."""
+        return self.link_watch.returns
 
     def _watch_stalls(self, resp: aiohttp.ClientResponse) -> None:
         """Arm stall detection on ``resp``'s connection: aiohttp fails the read once no
@@ -497,6 +512,7 @@ class HttpChunkSource:
             self.zstd_level = level or None
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.link_watch.close()
         if self._warming is not None:  # ended, and its outcome taken (a failure included)
             self._warming.cancel()
             await asyncio.gather(self._warming, return_exceptions=True)

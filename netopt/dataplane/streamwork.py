@@ -292,6 +292,7 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             # Idle at the tail: stay while another stream may still need help.
             await asyncio.sleep(min(run.options.steal_after_s / 5, _BACKOFF_POLL_S))
             continue
+        returns_at_open = run.link_returns()
         stream = run.open_stream()
         asked = Asked()
         run.asking.append(asked)
@@ -318,10 +319,20 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             run.requeue([cid for cid in asked if cid not in run.claimed])
             await stream.aclose(complete=not asked)
         if failure is not None:
-            failures = 1 if asked.frames else failures + 1
             trace.count("stream_failures")
+            if run.link_returns() != returns_at_open:
+                # The server answered again meanwhile: this stream's connection was left
+                # dead by the cut (and dropped), a fresh one works now.
+                failures = 0
+                log.debug("stream failed across a link return: %s", failure)
+                continue
+            failures = 1 if asked.frames else failures + 1
             log.debug("stream failed (%d in a row): %s", failures, failure)
-            await _back_off(run, run.backoff_s(failures))
+            if isinstance(failure, NetworkError):
+                run.stream_failed()
+            await _back_off(run, run.backoff_s(failures), returns_at_open)
+            if run.link_returns() != returns_at_open:
+                failures = 0  # the server answers again: what failed before is over
     if run.queue:
         await run.worker(on_stored)
     trace.count("streams_ended")
@@ -329,14 +340,15 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     trace.mark_last("last_stream_done")
 
 
-async def _back_off(run: SyncRun, delay_s: float) -> None:
+async def _back_off(run: SyncRun, delay_s: float, returns_seen: int) -> None:
     """Wait ``delay_s`` before a failed stream's worker opens another, or less once the
     queue is empty (the other streams took what the failure put back: there is nothing
-    to open one for, and the sync would otherwise wait out the backoff at its end)."""
+    to open one for, and the sync would otherwise wait out the backoff at its end) or
+    the server answers again (`SyncRun.link_returns` moved on from ``returns_seen``)."""
     deadline_s = time.monotonic() + delay_s
     while True:  # polled: nothing signals "the queue emptied"
         left_s = deadline_s - time.monotonic()
-        if not run.queue or left_s <= 0:
+        if not run.queue or left_s <= 0 or run.link_returns() != returns_seen:
             return
         await asyncio.sleep(min(left_s, _BACKOFF_POLL_S))
 

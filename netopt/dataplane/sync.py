@@ -193,6 +193,7 @@ async def sync_manifest(
         chunks_fetched=run.chunks_done + refetched,
         chunks_reused=reused,
         chunk_retries=run.retries,
+        link_returns=run.link_returns(),
         wire_bytes=run.wire_bytes,
         fetched_logical_bytes=run.fetched_logical_bytes,
         logical_bytes=run.written_bytes,

@@ -299,6 +299,19 @@ class SyncRun:
             raise retries_exhausted(exc, chunk_id, now_s - first_s, self.options.retry_window_s)
         self.retries += 1
 
+    def link_returns(self) -> int:
+        """How many times the source noticed its server answer again after streams failed
+        (`netopt.dataplane.linkwatch`); 0 for a source that does not watch."""
+        counted = getattr(self.source, "link_returns", None)
+        return counted() if callable(counted) else 0
+
+    def stream_failed(self) -> None:
+        """A stream broke or stalled: a source that watches for its server's return
+        starts watching."""
+        failed = getattr(self.source, "stream_failed", None)
+        if callable(failed):
+            failed()
+
     def backoff_s(self, failures_in_a_row: int) -> float:
         """The wait before the next try after ``failures_in_a_row`` failures of a stream:
         exponential from `SyncOptions.backoff_initial_s`, capped at `backoff_max_s`,

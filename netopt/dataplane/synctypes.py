@@ -85,6 +85,9 @@ class SyncSummary:
     fetched_logical_bytes: int
     logical_bytes: int
     seconds: float
+    link_returns: int = 0
+    """Times the server answered again after streams failed (a link cut, a restart), each
+    ending the wait of the connections left dead (`netopt.dataplane.linkwatch`)."""
 
     @property
     def throughput_bps(self) -> float:
@@ -111,6 +114,7 @@ class SyncSummary:
             "chunks_fetched": self.chunks_fetched,
             "chunks_reused": self.chunks_reused,
             "chunk_retries": self.chunk_retries,
+            "link_returns": self.link_returns,
             "wire_bytes": self.wire_bytes,
             "logical_bytes": self.logical_bytes,
             "fetched_logical_bytes": self.fetched_logical_bytes,

@@ -30,8 +30,8 @@ from typing import Any, Final
 from netopt.dataplane.sockets import set_congestion_control
 from netopt.errors import AuthenticationError, NetworkError, PeerUnreachableError, ProtocolError
 from netopt.measure.samples import ProbeTarget
-from netopt.measure.tcpinfo import read_tcp_info
 from netopt.measure.throughput import BandwidthResult, StreamResult
+from netopt.tcpinfo import read_tcp_info
 
 __all__ = [
     "HELLO_BYTES",

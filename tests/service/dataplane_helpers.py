@@ -82,7 +82,8 @@ async def serve_routes(routes: list[web.RouteDef]) -> tuple[web.AppRunner, int]:
 
 class Proxy:
     """A TCP proxy to ``target_port``; it can cut one connection mid-response or vanish
-    (when told, or once ``vanish_after_bytes`` went to the clients over all connections)."""
+    (when told, or once ``vanish_after_bytes`` went to the clients over all connections),
+    or go dark and come back (`go_dark`, `come_back`)."""
 
     def __init__(
         self,
@@ -102,11 +103,27 @@ class Proxy:
         self.transports: list[asyncio.WriteTransport] = []
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.forwarding = asyncio.Event()
+        self.forwarding.set()
 
     async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True
+        )
         self.port = self.server.sockets[0].getsockname()[1]
         return self.port
+
+    def go_dark(self) -> None:
+        """Stop listening (connects are refused) and stop forwarding in both directions,
+        holding what is in flight, as a server whose link is cut answers nothing."""
+        assert self.server is not None
+        self.forwarding.clear()
+        self.server.close()
+
+    async def come_back(self) -> None:
+        """Listen on the same port again and forward what was held."""
+        await self.start()
+        self.forwarding.set()
 
     def vanish(self) -> None:
         """Stop listening and abort every connection at once, like a dead server."""
@@ -115,6 +132,7 @@ class Proxy:
         self.server.close()
         for transport in self.transports:
             transport.abort()
+        self.forwarding.set()  # the held pipes find their connections gone
 
     async def close(self) -> None:
         if self.server is not None:
@@ -135,7 +153,10 @@ class Proxy:
             sent = 0
             to_client = dst is writer
             try:
-                while data := await src.read(16384):
+                while (await self.forwarding.wait()) and (data := await src.read(16384)):
+                    await self.forwarding.wait()
+                    if to_client and not self.vanish_after_bytes:
+                        self.sent_to_clients += len(data)
                     if to_client and self.vanish_after_bytes:
                         room = self.vanish_after_bytes - self.sent_to_clients
                         if self.vanished or len(data) >= room:

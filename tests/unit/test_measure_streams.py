@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError
 from netopt.measure.iperf import iperf3_argv, parse_iperf3_json
-from netopt.measure.tcpinfo import parse_tcp_info
 from netopt.measure.throughput import (
     BandwidthResult,
     StreamResult,
@@ -21,6 +20,7 @@ from netopt.measure.throughput import (
     choose_streams,
     tcp_efficiency_pct,
 )
+from netopt.tcpinfo import parse_tcp_info
 from netopt.tcpmath import mathis_bound_bps
 
 

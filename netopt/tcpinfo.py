@@ -1,4 +1,6 @@
-"""Linux ``TCP_INFO`` on a socket (congestion control is set in ``dataplane.sockets``).
+"""Linux ``TCP_INFO`` on a socket (congestion control is set in ``dataplane.sockets``):
+the one home of reading it (a bulk test's counters, `netopt.dataplane.linkwatch`'s
+connection states).
 
 :func:`parse_tcp_info` is pure (bytes from ``getsockopt(IPPROTO_TCP, TCP_INFO)``
 to a :class:`TcpInfo`), following ``struct tcp_info`` in ``linux/tcp.h``; fields
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from netopt.errors import ProtocolError
 
 __all__ = [
+    "TCP_ESTABLISHED",
     "TCP_INFO_BYTES",
     "TcpInfo",
     "parse_tcp_info",
@@ -21,13 +24,19 @@ __all__ = [
 ]
 
 TCP_INFO_BYTES = 232
+TCP_ESTABLISHED = 1
+"""``TcpInfo.state`` of a connection whose handshake is done (linux/tcp_states.h)."""
 _TCP_INFO = getattr(socket, "TCP_INFO", 11)
 
 # (name, offset, struct format) of the fields read, from linux/tcp.h.
 _FIELDS: tuple[tuple[str, int, str], ...] = (
+    ("state", 0, "B"),
     ("snd_mss", 16, "I"),
+    ("unacked", 24, "I"),
     ("lost", 32, "I"),
     ("retrans", 36, "I"),
+    ("last_data_recv_ms", 52, "I"),
+    ("last_ack_recv_ms", 56, "I"),
     ("rtt_us", 68, "I"),
     ("rttvar_us", 72, "I"),
     ("snd_cwnd", 80, "I"),
@@ -46,11 +55,19 @@ _MIN_BYTES = 104  # up to and including total_retrans: every kernel since 2.6
 
 @dataclass(frozen=True)
 class TcpInfo:
-    """The parts of ``struct tcp_info`` a bandwidth test needs (units in the names)."""
+    """The parts of ``struct tcp_info`` netopt reads (units in the names)."""
 
+    state: int
+    """The connection's state (linux/tcp_states.h: 1 established, 2 SYN sent)."""
     snd_mss: int
+    unacked: int
+    """Segments sent and not yet acknowledged by the peer."""
     lost: int
     retrans: int
+    last_data_recv_ms: int
+    """Milliseconds since data last came from the peer (or since the handshake)."""
+    last_ack_recv_ms: int
+    """Milliseconds since the peer last acknowledged anything (or since the handshake)."""
     rtt_us: int
     rttvar_us: int
     snd_cwnd: int

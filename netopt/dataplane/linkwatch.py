@@ -1,0 +1,206 @@
+"""Notice a cut link's return at once, and drop the connections the cut left dead.
+
+After a link cut the sync's connections wait out TCP's timers: the requests its
+streams sent again, on pooled connections as dead as theirs or on fresh ones, sit in
+a retransmission (or SYN) backoff that doubles each time. On the lab's 80 ms link cut
+for 10 s the first packet after the restore left 1.3 s after it, and 1 MB had crossed
+only 2.1-2.4 s after it. A `LinkWatch` probes the server with a bare TCP connect every
+`PROBE_EVERY_S` from the first failure of a stream until one connects. That connect
+shows the way is open again: every connection waiting on a retransmission (what it
+sent unacknowledged, nothing heard from the server since the failures began) or on a
+SYN sent into the cut (`unheard`) is shut down, so whatever waits on one fails at
+once, and the streams open fresh connections without their backoff
+(`netopt.dataplane.streamwork.stream_worker`). A server that restarts is noticed the
+same way: its refusals keep the probes going until it accepts.
+
+The probes are bounded: one starts every `PROBE_EVERY_S`, each gives up after
+`probe_timeout_s` (under the kernel's first SYN retransmission, so one SYN each), at
+most `MAX_PROBES` at a time, and they stop at the first connect or when the sync ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import weakref
+from collections.abc import Callable
+
+from netopt.dataplane import trace
+from netopt.errors import ProtocolError
+from netopt.tcpinfo import TCP_ESTABLISHED, TcpInfo, read_tcp_info
+
+__all__ = [
+    "MAX_PROBES",
+    "PROBE_EVERY_S",
+    "LinkWatch",
+    "TrackedSockets",
+    "probe_timeout_s",
+    "unheard",
+]
+
+log = logging.getLogger(__name__)
+
+PROBE_EVERY_S = 0.25
+"""How often a probe starts while a failure is unresolved: the link's return is noticed
+within this and a round trip."""
+PROBE_TIMEOUT_MIN_S = 0.9
+"""A probe's shortest wait for its handshake: under the kernel's first SYN retransmission
+(1 s), so each probe sends one SYN and a later probe, not a backed-off retry, sends the
+next."""
+PROBE_RTTS = 3
+"""A probe waits at least this many round trips (a link slower than ~300 ms)."""
+MAX_PROBES = 8
+"""Probes waiting for their handshake at once, at most."""
+
+
+def probe_timeout_s(rtt_s: float | None) -> float:
+    """How long one probe waits for its handshake on a link of round trip ``rtt_s``."""
+    return PROBE_TIMEOUT_MIN_S if rtt_s is None else max(PROBE_TIMEOUT_MIN_S, PROBE_RTTS * rtt_s)
+
+
+def unheard(info: TcpInfo, quiet_s: float, made_before_probe: bool) -> bool:
+    """Whether a connection (``info``) is left dead by a cut that the link's return ends:
+    it sent what its peer has not acknowledged, and nothing (data or an acknowledgement)
+    came from the peer for ``quiet_s``, the time since the failures began (its next
+    retransmission waits on TCP's backed-off timer); or it is still in its handshake and
+    was made before the probe that connected (``made_before_probe``: its SYN went into
+    the cut, and its next is on the same timer). A connection that owes nothing is left
+    alone, however quiet: an idle one in the pool, or one whose reader is the slow side
+    (its data waits in a buffer); a handshake started after that probe is left to finish."""
+    if info.state != TCP_ESTABLISHED:
+        return made_before_probe
+    if not info.unacked:
+        return False
+    return min(info.last_data_recv_ms, info.last_ack_recv_ms) / 1000 >= quiet_s
+
+
+class TrackedSockets:
+    """The sockets one source made (weakly held: a closed one drops out), each with when
+    it was made, so that those a cut left dead can be found (`drop_unheard`)."""
+
+    def __init__(self) -> None:
+        self._made_s: weakref.WeakKeyDictionary[socket.socket, float] = weakref.WeakKeyDictionary()
+
+    def add(self, sock: socket.socket) -> None:
+        self._made_s[sock] = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self._made_s)
+
+    def drop_unheard(self, quiet_s: float, probe_started_s: float) -> int:
+        """Shut down every open socket that `unheard` says the cut left dead: a read on it
+        then ends and a connect fails, now rather than on TCP's timers. Returns how many."""
+        dropped = 0
+        for sock, made_s in list(self._made_s.items()):
+            if sock.fileno() < 0:
+                continue
+            try:
+                info = read_tcp_info(sock)
+            except ProtocolError:
+                continue  # closed meanwhile, or not TCP
+            if unheard(info, quiet_s, made_s < probe_started_s):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                dropped += 1
+        return dropped
+
+
+class LinkWatch:
+    """Probes a server while a stream failure is unresolved; at the first connect, shuts
+    down the sockets of ``tracked`` that heard nothing since the failures began and
+    counts a return (`returns`). Use within one event loop; `close` ends the probing."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tracked: TrackedSockets,
+        rtt_s: Callable[[], float | None],
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.tracked = tracked
+        self._rtt_s = rtt_s
+        self.returns = 0
+        """Link returns noticed so far (a worker compares it before and after a wait)."""
+        self.dropped = 0
+        """Sockets shut down at those returns."""
+        self._since_s: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._address: tuple[int, tuple[object, ...]] | None = None
+
+    @property
+    def probing(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def failed(self, quiet_s: float) -> None:
+        """A stream failed after hearing nothing for up to ``quiet_s``: the failures began
+        that long ago at the latest; probe until the server accepts a connection."""
+        began_s = time.monotonic() - quiet_s
+        self._since_s = began_s if self._since_s is None else min(self._since_s, began_s)
+        if not self.probing:
+            self._task = asyncio.get_running_loop().create_task(self._probe())
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _probe(self) -> None:
+        trace.count("link_watches")
+        pending: dict[asyncio.Task[bool], float] = {}
+        next_s = time.monotonic()
+        connected_s: float | None = None
+        try:
+            while connected_s is None:
+                now_s = time.monotonic()
+                if now_s >= next_s and len(pending) < MAX_PROBES:
+                    pending[asyncio.ensure_future(self._connect_once())] = now_s
+                    next_s = now_s + PROBE_EVERY_S
+                # Full: wait for one to end; else until the next one is due.
+                wait_s = None if len(pending) >= MAX_PROBES else max(0.0, next_s - time.monotonic())
+                if not pending:  # the last ones were refused at once (a server restarting)
+                    await asyncio.sleep(wait_s or 0.0)
+                    continue
+                done, _ = await asyncio.wait(
+                    pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    started_s = pending.pop(task)
+                    if task.result() and (connected_s is None or started_s < connected_s):
+                        connected_s = started_s
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        since_s = self._since_s if self._since_s is not None else connected_s
+        self._since_s = None
+        dropped = self.tracked.drop_unheard(time.monotonic() - since_s, connected_s)
+        self.returns += 1
+        self.dropped += dropped
+        trace.count("link_returns")
+        trace.count("link_return_drops", dropped)
+        log.debug("the server answers again: %d dead connections dropped", dropped)
+
+    async def _connect_once(self) -> bool:
+        """One bare TCP connect to the server, closed at once; True if it connected."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(probe_timeout_s(self._rtt_s())):
+                if self._address is None:
+                    found = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+                    self._address = (found[0][0], found[0][4])
+                family, address = self._address
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, address)
+                finally:
+                    sock.close()
+        except (OSError, TimeoutError):
+            return False
+        return True

@@ -1,0 +1,221 @@
+"""The link watch on real sockets: probes until the server accepts, then drops the
+handshakes sent into the outage and keeps the connections that owe nothing; and a
+sync through a proxy that goes dark and comes back notices the return.
+
+A real cut (packets lost, TCP's timers backing off, a connection's sent bytes left
+unacknowledged) needs network namespaces: `tests/lab/test_sync_recovery_lab.py` and
+the lab's fault campaign (`scripts/fault_campaign.py --only link-cut`) cut the lab's
+border link, and the test checks that connections were dropped at the return. Here the "server"
+is a port that refuses until a listener appears, and a proxy that goes dark (it stops
+listening and forwarding) and comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from dataplane_helpers import CPU, TOKEN, Proxy, check_tree, make_dataset, start
+
+import netopt.dataplane.linkwatch as linkwatch
+from netopt.dataplane.client import ClientOptions, sync_url
+from netopt.dataplane.linkwatch import MAX_PROBES, LinkWatch, TrackedSockets
+from netopt.dataplane.sync import SyncOptions
+from netopt.tcpinfo import TCP_ESTABLISHED, read_tcp_info
+
+WAIT_BOUND_S = 10.0
+"""Not a speed bound: how long a test waits for what must happen before it fails."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + WAIT_BOUND_S
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _connected_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
+    loop = asyncio.get_running_loop()
+    client = socket.socket()
+    client.setblocking(False)
+    await loop.sock_connect(client, listener.getsockname())
+    peer, _ = await loop.sock_accept(listener)
+    return client, peer
+
+
+async def _stuck_in_handshake(loop: asyncio.AbstractEventLoop) -> tuple[
+    socket.socket, asyncio.Future[None], list[socket.socket]
+]:  # fmt: skip
+    """A socket whose SYN goes unanswered: a listener with a full backlog that never
+    accepts drops further SYNs, as a cut link loses them."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    held = [full]
+    for _ in range(8):
+        sock = socket.socket()
+        sock.setblocking(False)
+        connecting = asyncio.ensure_future(loop.sock_connect(sock, full.getsockname()))
+        await asyncio.sleep(0.05)
+        held.append(sock)
+        if not connecting.done() and read_tcp_info(sock).state != TCP_ESTABLISHED:
+            return sock, connecting, held
+    raise AssertionError("every connect to the full listener completed")
+
+
+async def test_the_watch_probes_until_the_server_accepts_then_drops_the_dead() -> None:
+    loop = asyncio.get_running_loop()
+    server_port = _free_port()  # nothing listens yet: refused, like a server restarting
+    peers = socket.socket()
+    peers.bind(("127.0.0.1", 0))
+    peers.listen(8)
+    peers.setblocking(False)
+    tracked = TrackedSockets()
+    watch = LinkWatch("127.0.0.1", server_port, tracked, lambda: None)
+    accepted: list[socket.socket] = []
+    listener: asyncio.Server | None = None
+    feeding: asyncio.Task[None] | None = None
+    idle, idle_peer = await _connected_pair(peers)
+    busy, busy_peer = await _connected_pair(peers)
+    syn, connecting, held = await _stuck_in_handshake(loop)
+    for sock in (idle, busy, syn):
+        tracked.add(sock)
+
+    async def feed() -> None:  # the busy connection hears from its peer all along
+        while True:
+            await loop.sock_sendall(busy_peer, b"x")
+            await asyncio.sleep(0.02)
+
+    try:
+        feeding = asyncio.ensure_future(feed())
+        await asyncio.sleep(0.6)  # idle hears nothing from here on
+        watch.failed(quiet_s=0.3)
+        await asyncio.sleep(0.8)
+        assert watch.probing  # refused: still probing
+        assert watch.returns == 0
+        assert idle.fileno() >= 0  # nothing dropped yet
+        assert not connecting.done()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        listener = await asyncio.start_server(on_connect, "127.0.0.1", server_port)
+        await _until(lambda: watch.returns == 1, "the watch to notice the server")
+        assert not watch.probing
+        assert watch.dropped == 1
+        # The handshake stuck since before the probe fails now, not on the kernel's timer.
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(connecting, WAIT_BOUND_S)
+        # The connection that kept hearing from its peer is kept, and so is the quiet one
+        # that owes nothing (idle in a pool): both still carry data.
+        assert read_tcp_info(busy).state == TCP_ESTABLISHED
+        busy.setblocking(False)
+        assert await asyncio.wait_for(loop.sock_recv(busy, 10), WAIT_BOUND_S)
+        await loop.sock_sendall(idle_peer, b"still here")
+        assert await asyncio.wait_for(loop.sock_recv(idle, 10), WAIT_BOUND_S) == b"still here"
+        # A later failure watches again; the server answers at once.
+        watch.failed(quiet_s=0.3)
+        await _until(lambda: watch.returns == 2, "the second return")
+    finally:
+        await watch.close()
+        if feeding is not None:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+        if listener is not None:
+            listener.close()
+        connecting.cancel()
+        for sock in (idle, idle_peer, busy, busy_peer, syn, peers, *held, *accepted):
+            sock.close()
+
+
+async def test_probes_are_paced_bounded_and_end_with_the_watch(monkeypatch) -> None:
+    """Above the I/O edge: probes that never connect (a link that stays cut)."""
+    started: list[float] = []
+    cancelled: list[float] = []
+
+    async def never_connects(self: LinkWatch) -> bool:
+        started.append(time.monotonic())
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(time.monotonic())
+            raise
+        return False
+
+    monkeypatch.setattr(LinkWatch, "_connect_once", never_connects)
+    watch = LinkWatch("127.0.0.1", 9, TrackedSockets(), lambda: None)
+    watch.failed(quiet_s=2.0)
+    watch.failed(quiet_s=2.0)  # a second failure does not start a second prober
+    await asyncio.sleep(1.1)
+    # One every PROBE_EVERY_S (0.25 s): at 0, 0.25, ..., 1.0 s.
+    assert 4 <= len(started) <= 5
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    assert min(gaps) >= linkwatch.PROBE_EVERY_S * 0.9
+    # However long the cut, at most MAX_PROBES wait at once.
+    monkeypatch.setattr(linkwatch, "PROBE_EVERY_S", 0.005)
+    await asyncio.sleep(0.3)
+    assert len(started) == MAX_PROBES
+    await watch.close()
+    assert len(cancelled) == MAX_PROBES
+    assert not watch.probing
+    assert watch.returns == 0
+
+
+async def test_refused_probes_do_not_spin(monkeypatch) -> None:
+    """A server that refuses at once (restarting) is probed every PROBE_EVERY_S, no faster."""
+    started: list[float] = []
+
+    async def refused(self: LinkWatch) -> bool:
+        started.append(time.monotonic())
+        return False
+
+    monkeypatch.setattr(LinkWatch, "_connect_once", refused)
+    watch = LinkWatch("127.0.0.1", 9, TrackedSockets(), lambda: None)
+    watch.failed(quiet_s=2.0)
+    await asyncio.sleep(0.6)
+    await watch.close()
+    assert 2 <= len(started) <= 3
+
+
+async def test_a_sync_through_a_proxy_that_goes_dark_notices_its_return(tmp_path: Path) -> None:
+    files = make_dataset(tmp_path / "src")
+    runner, port, _, _ = await start(tmp_path / "src")
+    proxy = Proxy(port)
+    await proxy.start()
+    # 4 Mbit/s: the 1.3 MB dataset takes ~2 s, so the proxy goes dark mid-transfer.
+    client = ClientOptions(
+        token=TOKEN, connect_timeout_s=2, read_timeout_s=5, stall_timeout_s=0.4,
+        rate_limit_bps=4e6,
+    )  # fmt: skip
+    options = SyncOptions(retry_window_s=30, backoff_initial_s=0.2, backoff_max_s=1.0)
+    syncing = asyncio.ensure_future(sync_url(
+        f"netopt://127.0.0.1:{proxy.port}/ds", tmp_path / "dst", client, client_cpu=CPU,
+        sync_options=options, streams=4, zstd_level=0,
+    ))  # fmt: skip
+    try:
+        await _until(lambda: proxy.sent_to_clients > 300_000 or syncing.done(), "300 kB")
+        assert not syncing.done()
+        proxy.go_dark()
+        await asyncio.sleep(1.5)
+        assert not syncing.done()
+        await proxy.come_back()
+        summary, _ = await asyncio.wait_for(syncing, 60)
+        check_tree(tmp_path / "dst", files)
+        assert summary.chunk_retries >= 1  # the dark proxy broke streams
+        assert summary.link_returns >= 1  # and the sync noticed it answer again
+        assert summary.to_dict()["link_returns"] == summary.link_returns
+    finally:
+        syncing.cancel()
+        await asyncio.gather(syncing, return_exceptions=True)
+        await proxy.close()
+        await runner.cleanup()
