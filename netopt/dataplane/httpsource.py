@@ -304,8 +304,9 @@ class HttpChunkSource:
         self._sockets.add(sock)
         return sock
 
-    def stream_failed(self) -> None:
-        """A stream broke or stalled: watch for the server's answer (`link_watch`)."""
+    def fetch_failed(self) -> None:
+        """A fetch (a stream, a batch, a chunk's parts) broke or stalled: watch for the
+        server's answer (`link_watch`)."""
         self.link_watch.failed(self.stall_timeout_s)
 
     def link_returns(self) -> int:

@@ -28,7 +28,7 @@ from netopt.dataplane import trace
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.streaming import ChunkStream
-from netopt.dataplane.syncrun import SyncRun, bounded_inflight
+from netopt.dataplane.syncrun import BACKOFF_POLL_S, SyncRun, bounded_inflight
 from netopt.errors import IntegrityError, NetworkError, ValidationError
 
 # Logs under the sync engine's name, as it did before this module was split from it.
@@ -39,10 +39,6 @@ __all__ = ["MIN_PART_BYTES", "Asked", "part_worker", "parts_per_chunk", "stream_
 MIN_PART_BYTES = 32 * 1024
 """A chunk is cut into parts of at least this many bytes (see `parts_per_chunk`): a 1 MiB
 chunk into 32, one per warm connection (`prefetch.WARM_CONNECTIONS`)."""
-
-
-_BACKOFF_POLL_S = 0.05
-"""How often a worker waiting (a backoff, idle at the tail) looks at the queue again."""
 
 
 class Asked(deque[str]):
@@ -279,18 +275,20 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
 
     A stream that breaks (a server restarting, a link cut, a connection the source
     found stalled) charges the chunk it was receiving (`SyncRun.charge`), puts its
-    chunks back in the queue, waits (`SyncRun.backoff_s`) and opens a fresh stream, on
+    chunks back in the queue, waits (`SyncRun.back_off`) and opens a fresh stream, on
     a fresh connection: while the server or the link is down, that probes it about
-    every `SyncOptions.backoff_max_s`. A stream that ended with the queue empty leaves its
-    worker at the tail, where it opens a fresh stream to take over a chunk that another
-    stream lags on (`_steal`). Falls back to batches when the server has no stream route.
+    every `SyncOptions.backoff_max_s`, and the source's link watch about every 0.25 s;
+    once the watch sees the server answer, the wait ends. A stream that ended with the
+    queue empty leaves its worker at the tail, where it opens a fresh stream to take over
+    a chunk that another stream lags on (`_steal`). Falls back to batches when the server
+    has no stream route.
     """
     failures = 0
     helping = False
     while run.open_stream is not None and (run.queue or (helping and _lagging(run, None))):
         if not run.queue and _steal(run, None) is None:
             # Idle at the tail: stay while another stream may still need help.
-            await asyncio.sleep(min(run.options.steal_after_s / 5, _BACKOFF_POLL_S))
+            await asyncio.sleep(min(run.options.steal_after_s / 5, BACKOFF_POLL_S))
             continue
         returns_at_open = run.link_returns()
         stream = run.open_stream()
@@ -320,37 +318,13 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             await stream.aclose(complete=not asked)
         if failure is not None:
             trace.count("stream_failures")
-            if run.link_returns() != returns_at_open:
-                # The server answered again meanwhile: this stream's connection was left
-                # dead by the cut (and dropped), a fresh one works now.
-                failures = 0
-                log.debug("stream failed across a link return: %s", failure)
-                continue
             failures = 1 if asked.frames else failures + 1
-            log.debug("stream failed (%d in a row): %s", failures, failure)
-            if isinstance(failure, NetworkError):
-                run.stream_failed()
-            await _back_off(run, run.backoff_s(failures), returns_at_open)
-            if run.link_returns() != returns_at_open:
-                failures = 0  # the server answers again: what failed before is over
+            failures = await run.back_off(failure, failures, returns_at_open)
     if run.queue:
         await run.worker(on_stored)
     trace.count("streams_ended")
     trace.mark("first_stream_done")
     trace.mark_last("last_stream_done")
-
-
-async def _back_off(run: SyncRun, delay_s: float, returns_seen: int) -> None:
-    """Wait ``delay_s`` before a failed stream's worker opens another, or less once the
-    queue is empty (the other streams took what the failure put back: there is nothing
-    to open one for, and the sync would otherwise wait out the backoff at its end) or
-    the server answers again (`SyncRun.link_returns` moved on from ``returns_seen``)."""
-    deadline_s = time.monotonic() + delay_s
-    while True:  # polled: nothing signals "the queue emptied"
-        left_s = deadline_s - time.monotonic()
-        if not run.queue or left_s <= 0 or run.link_returns() != returns_seen:
-            return
-        await asyncio.sleep(min(left_s, _BACKOFF_POLL_S))
 
 
 def parts_per_chunk(run: SyncRun, streams: int, missing: int) -> int:
@@ -377,13 +351,13 @@ async def part_worker(run: SyncRun, parts: int, on_stored: Callable[[str], None]
         chunk_id = run.queue.popleft()
         length = run.lengths[chunk_id]
         run.queued_bytes -= length
+        returns_at_start = run.link_returns()
         try:
             raw = await fetch(chunk_id, length, parts)
         except (NetworkError, IntegrityError) as exc:
             run.requeue([chunk_id])
             run.charge(chunk_id, exc)
-            failures += 1
-            await asyncio.sleep(run.backoff_s(failures))
+            failures = await run.back_off(exc, failures + 1, returns_at_start)
             continue
         failures = 0
         trace.count("chunk_parts", parts)

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BACKOFF_POLL_S = 0.05
+"""How often a worker waiting (a backoff, idle at the tail) looks at the queue again."""
+
 __all__ = [
     "IN_FLIGHT",
     "SyncRun",
@@ -300,17 +303,35 @@ class SyncRun:
         self.retries += 1
 
     def link_returns(self) -> int:
-        """How many times the source noticed its server answer again after streams failed
+        """How many times the source noticed its server answer again after fetches failed
         (`netopt.dataplane.linkwatch`); 0 for a source that does not watch."""
         counted = getattr(self.source, "link_returns", None)
         return counted() if callable(counted) else 0
 
-    def stream_failed(self) -> None:
-        """A stream broke or stalled: a source that watches for its server's return
-        starts watching."""
-        failed = getattr(self.source, "stream_failed", None)
-        if callable(failed):
-            failed()
+    async def back_off(self, failure: NetoptError, failures: int, returns_at_start: int) -> int:
+        """After a worker's fetch failed (``failure``, its ``failures``-th in a row), begun
+        when the source had noticed ``returns_at_start`` link returns: wait `backoff_s`,
+        or less once the queue is empty (other workers took what the failure put back:
+        the sync would otherwise wait out the backoff at its end) or the server answers
+        again; not at all when it already has (the fetch's connection was left dead by
+        the outage, and a fresh one works now). A network failure tells a source that
+        watches for its server's return to watch. Returns the failures in a row to count
+        on from: 0 once the server answered again."""
+        if self.link_returns() != returns_at_start:
+            log.debug("a fetch failed across a link return: %s", failure)
+            return 0
+        log.debug("a fetch failed (%d in a row): %s", failures, failure)
+        watch = getattr(self.source, "fetch_failed", None)
+        if isinstance(failure, NetworkError) and callable(watch):
+            watch()
+        deadline_s = time.monotonic() + self.backoff_s(failures)
+        while True:  # polled: nothing signals "the queue emptied"
+            if self.link_returns() != returns_at_start:
+                return 0
+            left_s = deadline_s - time.monotonic()
+            if not self.queue or left_s <= 0:
+                return failures
+            await asyncio.sleep(min(left_s, BACKOFF_POLL_S))
 
     def backoff_s(self, failures_in_a_row: int) -> float:
         """The wait before the next try after ``failures_in_a_row`` failures of a stream:
@@ -434,6 +455,7 @@ class SyncRun:
         failures = 0
         while self.queue:
             batch = self.take_batch()
+            returns_at_start = self.link_returns()
             received = 0
             inflight: dict[asyncio.Task[None], int] = {}
             failure: NetworkError | None = None
@@ -462,7 +484,7 @@ class SyncRun:
                 if rest:  # the first chunk not received is the one the failure hit
                     self.charge(rest[0], failure)
                 failures = 1 if received else failures + 1
-                await asyncio.sleep(self.backoff_s(failures))
+                failures = await self.back_off(failure, failures, returns_at_start)
 
     def file_done(self, entry: FileEntry) -> None:
         self.files_written += 1

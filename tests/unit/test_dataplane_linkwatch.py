@@ -1,13 +1,26 @@
-"""The link watch's pure rules: which connections a cut left dead, how long a probe waits."""
+"""The link watch's pure rules (which connections a cut left dead, how long a probe
+waits) and a worker's wait after a failure (`SyncRun.back_off`, over a fake source)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from netopt.chunking import chunk_bytes
+from netopt.dataplane.chunkio import MemoryChunkSink, MemoryChunkSource
 from netopt.dataplane.linkwatch import PROBE_TIMEOUT_MIN_S, probe_timeout_s, unheard
+from netopt.dataplane.syncrun import SyncRun
+from netopt.dataplane.synctypes import SyncOptions
+from netopt.errors import IntegrityError, NetworkError
 from netopt.tcpinfo import TCP_ESTABLISHED, TCP_INFO_BYTES, TcpInfo, parse_tcp_info
+from netopt.transfer.manifest import FileEntry, Manifest
 
 SYN_SENT = 2
 
@@ -52,3 +65,67 @@ def test_a_probe_sends_one_syn_on_a_short_link_and_waits_round_trips_on_a_long_o
     assert probe_timeout_s(None) == PROBE_TIMEOUT_MIN_S < 1.0  # the kernel resends a SYN at 1 s
     assert probe_timeout_s(0.08) == PROBE_TIMEOUT_MIN_S
     assert probe_timeout_s(0.6) == pytest.approx(1.8)
+
+
+class WatchingSource(MemoryChunkSource):
+    """A memory source that watches for its server's return as `HttpChunkSource` does."""
+
+    def __init__(self, manifest: Manifest, chunks: dict[str, bytes]) -> None:
+        super().__init__(manifest, chunks)
+        self.returns = 0
+        self.watch_started = 0
+
+    def link_returns(self) -> int:
+        return self.returns
+
+    def fetch_failed(self) -> None:
+        self.watch_started += 1
+
+
+def _source() -> WatchingSource:
+    data = os.urandom(64 * 1024)
+    refs = chunk_bytes(data, 16 * 1024)
+    entry = FileEntry("f.bin", len(data), 0o644, 0, tuple(refs))
+    table = {r.chunk_id: data[r.offset_bytes : r.offset_bytes + r.length_bytes] for r in refs}
+    return WatchingSource(Manifest("ds", (entry,), 16 * 1024), table)
+
+
+@contextlib.contextmanager
+def _waiting_run(tmp_path: Path, backoff_s: float) -> Iterator[tuple[WatchingSource, SyncRun]]:
+    """A run over a watching source, with work left (a worker waits out its backoff)."""
+    source = _source()
+    options = SyncOptions(backoff_initial_s=backoff_s, backoff_max_s=backoff_s)
+    with ThreadPoolExecutor(1) as ex:
+        run = SyncRun(source.manifest, source, MemoryChunkSink(), tmp_path, options, None, ex)
+        run.queue.extend(run.lengths)
+        yield source, run
+
+
+async def test_a_fetch_that_failed_across_a_link_return_is_tried_again_at_once(
+    tmp_path: Path,
+) -> None:
+    with _waiting_run(tmp_path, 30.0) as (source, run):
+        source.returns = 1  # the server answered again since the fetch began (at 0)
+        assert await asyncio.wait_for(run.back_off(NetworkError("cut"), 4, 0), 5) == 0
+        assert source.watch_started == 0  # the outage is over: nothing to watch for
+
+
+async def test_a_network_failure_starts_the_watch_and_its_return_ends_the_backoff(
+    tmp_path: Path,
+) -> None:
+    with _waiting_run(tmp_path, 30.0) as (source, run):
+
+        async def server_answers() -> None:
+            await asyncio.sleep(0.1)
+            source.returns += 1
+
+        answering = asyncio.ensure_future(server_answers())
+        assert await asyncio.wait_for(run.back_off(NetworkError("cut"), 2, 0), 5) == 0
+        await answering
+        assert source.watch_started == 1
+
+
+async def test_a_bad_copy_waits_its_backoff_without_a_watch(tmp_path: Path) -> None:
+    with _waiting_run(tmp_path, 0.05) as (source, run):
+        assert await run.back_off(IntegrityError("bad copy"), 2, 0) == 2
+        assert source.watch_started == 0
