@@ -5,13 +5,16 @@ streams sent again, on pooled connections as dead as theirs or on fresh ones, si
 a retransmission (or SYN) backoff that doubles each time. On the lab's 80 ms link cut
 for 10 s the first packet after the restore left 1.3 s after it, and 1 MB had crossed
 only 2.1-2.4 s after it. A `LinkWatch` probes the server with a bare TCP connect every
-`PROBE_EVERY_S` from the first failure of a stream until one connects. That connect
-shows the way is open again: every connection waiting on a retransmission (what it
-sent unacknowledged, nothing heard from the server since the failures began) or on a
-SYN sent into the cut (`unheard`) is shut down, so whatever waits on one fails at
-once, and the streams open fresh connections without their backoff
-(`netopt.dataplane.streamwork.stream_worker`). A server that restarts is noticed the
-same way: its refusals keep the probes going until it accepts.
+`PROBE_EVERY_S` from the first failure of a stream until one connects. After probes
+that were refused or unanswered, that connect shows the way is open again: every
+connection waiting on a retransmission (what it sent unacknowledged, nothing heard
+from the server since the failures began) or on a SYN sent into the cut (`unheard`)
+is shut down, so whatever waits on one fails at once, and the workers try again on
+fresh connections without their backoff (`netopt.dataplane.syncrun.SyncRun.back_off`).
+A server that restarts is noticed the same way: its refusals keep the probes going
+until it accepts. A first probe that connects at once shows no outage (a slow or
+failing server): nothing is dropped and the workers keep their backoff, so a server
+that accepts and fails every request is not asked again in a loop.
 
 The probes are bounded: one starts every `PROBE_EVERY_S`, each gives up after
 `probe_timeout_s` (under the kernel's first SYN retransmission, so one SYN each), at
@@ -109,9 +112,11 @@ class TrackedSockets:
 
 
 class LinkWatch:
-    """Probes a server while a stream failure is unresolved; at the first connect, shuts
-    down the sockets of ``tracked`` that heard nothing since the failures began and
-    counts a return (`returns`). Use within one event loop; `close` ends the probing."""
+    """Probes a server while a stream failure is unresolved; at the first connect after
+    an outage (a probe refused or unanswered first), shuts down the sockets of
+    ``tracked`` that `unheard` says the outage left dead and counts a return (`returns`).
+    A first probe that connects ends the watch with no return: the server was never out
+    of reach. Use within one event loop; `close` ends the probing."""
 
     def __init__(
         self,
@@ -155,6 +160,7 @@ class LinkWatch:
         pending: dict[asyncio.Task[bool], float] = {}
         next_s = time.monotonic()
         connected_s: float | None = None
+        outage = False
         try:
             while connected_s is None:
                 now_s = time.monotonic()
@@ -171,14 +177,24 @@ class LinkWatch:
                 )
                 for task in done:
                     started_s = pending.pop(task)
-                    if task.result() and (connected_s is None or started_s < connected_s):
+                    if not task.result():
+                        outage = True
+                    elif connected_s is None or started_s < connected_s:
                         connected_s = started_s
+            # An earlier probe still waiting saw the outage too.
+            outage = outage or any(started_s < connected_s for started_s in pending.values())
         finally:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         since_s = self._since_s if self._since_s is not None else connected_s
         self._since_s = None
+        if not outage:
+            # The server answered the first probe: it was never out of reach (a slow or
+            # failing server, not a cut). Nothing returned: the workers keep their backoff,
+            # so a server that accepts and then fails every request is not asked in a loop.
+            trace.count("link_watches_without_outage")
+            return
         dropped = self.tracked.drop_unheard(time.monotonic() - since_s, connected_s)
         self.returns += 1
         self.dropped += dropped

@@ -17,14 +17,25 @@ import itertools
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dataplane_helpers import CPU, TOKEN, Proxy, check_tree, make_dataset, start
+from aiohttp import web
+from dataplane_helpers import (
+    CPU,
+    TOKEN,
+    Proxy,
+    check_tree,
+    make_dataset,
+    serve_with_middleware,
+    start,
+)
 
 import netopt.dataplane.linkwatch as linkwatch
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.linkwatch import MAX_PROBES, LinkWatch, TrackedSockets
 from netopt.dataplane.sync import SyncOptions
+from netopt.errors import NetworkError
 from netopt.tcpinfo import TCP_ESTABLISHED, read_tcp_info
 
 WAIT_BOUND_S = 10.0
@@ -123,9 +134,13 @@ async def test_the_watch_probes_until_the_server_accepts_then_drops_the_dead() -
         assert await asyncio.wait_for(loop.sock_recv(busy, 10), WAIT_BOUND_S)
         await loop.sock_sendall(idle_peer, b"still here")
         assert await asyncio.wait_for(loop.sock_recv(idle, 10), WAIT_BOUND_S) == b"still here"
-        # A later failure watches again; the server answers at once.
+        # A later failure watches again; the server answers the first probe: it was never
+        # out of reach, so nothing returned and nothing is dropped.
         watch.failed(quiet_s=0.3)
-        await _until(lambda: watch.returns == 2, "the second return")
+        assert watch.probing
+        await _until(lambda: not watch.probing, "the watch to end")
+        assert watch.returns == 1
+        assert watch.dropped == 1
     finally:
         await watch.close()
         if feeding is not None:
@@ -219,3 +234,37 @@ async def test_a_sync_through_a_proxy_that_goes_dark_notices_its_return(tmp_path
         await asyncio.gather(syncing, return_exceptions=True)
         await proxy.close()
         await runner.cleanup()
+
+
+async def test_a_server_that_accepts_and_fails_every_stream_is_not_asked_in_a_loop(
+    tmp_path: Path,
+) -> None:
+    """Its port answers every probe at once: no outage, so the workers keep their
+    backoff (a return would have them ask again at once, thousands of times a second)."""
+    make_dataset(tmp_path / "src")
+    streams_asked = [0]
+
+    @web.middleware
+    async def fail_streams(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith("/stream") or "/chunks" in request.path:
+            streams_asked[0] += 1
+            assert request.transport is not None
+            request.transport.close()  # the connection ends without an answer
+            raise web.HTTPServiceUnavailable()
+        return await handler(request)
+
+    runner, port, _ = await serve_with_middleware(tmp_path / "src", fail_streams)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=5)
+    options = SyncOptions(retry_window_s=1.5, backoff_initial_s=0.2, backoff_max_s=1.0)
+    try:
+        with pytest.raises(NetworkError):
+            await asyncio.wait_for(sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dst", client, client_cpu=CPU,
+                sync_options=options, streams=2, zstd_level=0,
+            ), 60)  # fmt: skip
+    finally:
+        await runner.cleanup()
+    # 2 workers backing off 0.1-0.2 s, then doubling, for the 1.5 s window: about ten
+    # requests (9 here). Had the first probe's connect ended their backoff, each would
+    # ask again at its next look at the queue (every 50 ms): 60.
+    assert 2 <= streams_asked[0] <= 30
