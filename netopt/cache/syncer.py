@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from netopt.cache.openretry import open_riding_out
 from netopt.cache.residency import check_residency, find_spec
 from netopt.cache.sources import OpenedSource, Source, SourceOptions, parse_source
 from netopt.cache.store import Cache
@@ -484,7 +485,7 @@ async def _run_sync_once(
     on_progress: ProgressCallback | None,
 ) -> SyncReport:
     """One pass of `run_sync` on the version the source offers now."""
-    async with source.open(source_options) as opened:
+    async with open_riding_out(source, source_options, req.sync_options or SyncOptions()) as opened:
         cache = await asyncio.to_thread(Cache.open, req.cache_dir, req.capacity_bytes)
         trace.mark("cache_opened")
         try:

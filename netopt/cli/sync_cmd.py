@@ -152,8 +152,8 @@ class _Bar:
     type=click.FloatRange(min=0),
     default=60.0,
     show_default=True,
-    help="How long a chunk is retried while the source or the link is down (a restart, "
-    "an outage) before the sync fails.",
+    help="How long opening the source, and then each chunk, is retried while the source "
+    "or the link is down (a restart, an outage) before the sync fails.",
 )
 @click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the token.")
 @click.option(

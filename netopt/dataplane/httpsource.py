@@ -262,8 +262,8 @@ class HttpChunkSource:
         self._first_warm_s = 0.0
         self._sockets = TrackedSockets()
         self.link_watch = LinkWatch(url.host, url.port, self._sockets, lambda: self.rtt_s)
-        """Probes the server after a stream fails; at its answer, drops the connections the
-        failure left dead (`netopt.dataplane.linkwatch`)."""
+        """Probes the server after a fetch fails; at its answer after an outage, drops the
+        connections the outage left dead (`netopt.dataplane.linkwatch`)."""
 
     @property
     def stall_timeout_s(self) -> float:
@@ -310,7 +310,7 @@ class HttpChunkSource:
         self.link_watch.failed(self.stall_timeout_s)
 
     def link_returns(self) -> int:
-        """How many times the server answered again after streams failed."""
+        """How many times the server answered again, after an outage, once fetches failed."""
         return self.link_watch.returns
 
     def _watch_stalls(self, resp: aiohttp.ClientResponse) -> None:

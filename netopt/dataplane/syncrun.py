@@ -51,6 +51,7 @@ BACKOFF_POLL_S = 0.05
 __all__ = [
     "IN_FLIGHT",
     "SyncRun",
+    "backoff_delay_s",
     "bounded_inflight",
     "inflight_limit",
     "retries_exhausted",
@@ -101,6 +102,14 @@ async def bounded_inflight(
             del inflight[task]
             task.result()
     return inflight
+
+
+def backoff_delay_s(options: SyncOptions, failures_in_a_row: int) -> float:
+    """The wait before the next try after ``failures_in_a_row`` failures (of a stream, a
+    batch, or opening the source): exponential from `SyncOptions.backoff_initial_s`,
+    capped at `backoff_max_s`, with jitter (x 0.5..1) so tries do not come in step."""
+    delay_s = options.backoff_initial_s * 2.0 ** min(max(failures_in_a_row - 1, 0), 30)
+    return min(delay_s, options.backoff_max_s) * random.uniform(0.5, 1)
 
 
 def retries_exhausted(
@@ -334,11 +343,8 @@ class SyncRun:
             await asyncio.sleep(min(left_s, BACKOFF_POLL_S))
 
     def backoff_s(self, failures_in_a_row: int) -> float:
-        """The wait before the next try after ``failures_in_a_row`` failures of a stream:
-        exponential from `SyncOptions.backoff_initial_s`, capped at `backoff_max_s`,
-        with jitter (x 0.5..1) so streams do not retry in step."""
-        delay_s = self.options.backoff_initial_s * 2.0 ** min(max(failures_in_a_row - 1, 0), 30)
-        return min(delay_s, self.options.backoff_max_s) * random.uniform(0.5, 1)
+        """The wait before a worker's next try (`backoff_delay_s`)."""
+        return backoff_delay_s(self.options, failures_in_a_row)
 
     async def process(self, chunk_id: str, raw: RawChunk, on_stored: Callable[[str], None]) -> None:
         """Verify one received chunk and store it; a bad one goes back in the queue

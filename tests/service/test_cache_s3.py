@@ -168,9 +168,11 @@ def test_cli_wrong_bucket_exit_2(
 
 def test_cli_dead_endpoint_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dead = f"http://127.0.0.1:{_free_port()}"
-    assert main(_cli(dead, "s3://data/ds", tmp_path)) == 1
+    # Tried again for the retry window (an endpoint restarting), then a clear error.
+    assert main([*_cli(dead, "s3://data/ds", tmp_path), "--retry-window-s", "1"]) == 1
     err = capsys.readouterr().err
     assert "unreachable" in err
+    assert "retry window 1 s" in err
     assert "s3://data/ds/" in err
     assert "testing-secret" not in err
 

@@ -200,11 +200,13 @@ def test_cli_sync_unreachable_is_a_clear_error(tmp_path: Path, monkeypatch, caps
         )
     )
     monkeypatch.setenv("NETOPT_CODEC_CACHE", str(cache))
-    code = main(["sync", "netopt://127.0.0.1:1/ds", str(tmp_path / "d"), "--json"])
+    code = main(["sync", "netopt://127.0.0.1:1/ds", str(tmp_path / "d"), "--json",
+                 "--retry-window-s", "1"])  # fmt: skip
     assert code == 1
     out = json.loads(capsys.readouterr().out)
     assert out["error"] == "PeerUnreachableError"
     assert "unreachable" in out["message"]
+    assert "retry window 1 s" in out["message"]  # tried again for the window first
 
 
 def test_cli_plan_json(tmp_path: Path, monkeypatch, capsys) -> None:
