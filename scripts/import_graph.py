@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent / "netopt"
 
 LAYERS: tuple[frozenset[str], ...] = (
     # 1. leaves: the error tree and the homes of shared rules
-    frozenset({"errors", "names", "tcpmath", "percentile", "fsutil", "durable", "chunking",
-               "webshell", "logfmt", "tlsconf", "tlsca", "cachepaths"}),
+    frozenset({"errors", "names", "tcpmath", "tcpinfo", "percentile", "fsutil", "durable",
+               "chunking", "webshell", "logfmt", "tlsconf", "tlsca", "cachepaths"}),
     # 2. the wire contract and configuration
     frozenset({"wire", "config"}),
     # 3. decisions and measurement
