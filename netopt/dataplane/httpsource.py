@@ -470,6 +470,12 @@ class HttpChunkSource:
             params["ctx"] = "1"
             if self.stream_bundles:
                 params["bundle"] = "1"
+        # The server answers a stream's headers once it has read the first name (a round
+        # trip; a fresh connection's handshakes are a few more): waiting longer than the
+        # stall timeout (4 RTTs, at least 2 s) for them is a stall too. A stream asked for
+        # as a link is cut then fails in seconds and the link watch starts, where the
+        # session's 60 s read timeout (and a warm socket's 10 s user timeout) left it on
+        # TCP's backed-off timer: data came 4.5 s after a 5 s cut's end on the lab.
         return _LevelledStream(
             self,
             session,
@@ -480,6 +486,7 @@ class HttpChunkSource:
             self._check_data_response,
             self._read_exactly,
             self._count_wire if self._bucket is None else None,
+            self.stall_timeout_s,
         )
 
     def _count_wire(self, n_bytes: int) -> None:

@@ -123,8 +123,12 @@ class HttpChunkStream:
         check_status: CheckStatus,
         read_exactly: ReadExactly,
         count_buffered: Callable[[int], None] | None = None,
+        answer_timeout_s: float | None = None,
     ) -> None:
         self._session = session
+        self._answer_timeout_s = answer_timeout_s
+        """The longest wait for the answer's headers once the request is sent (its
+        connect included); None: the session's timeouts only."""
         self._url = url
         self._params = params
         self._where = where
@@ -189,7 +193,8 @@ class HttpChunkStream:
             if self._resp is None:
                 trace.mark("first_request")
                 self._ctx = self._session.post(self._url, params=self._params, data=self._body())
-                self._resp = await self._ctx.__aenter__()
+                async with asyncio.timeout(self._answer_timeout_s):
+                    self._resp = await self._ctx.__aenter__()
                 fail_reads_on_close(self._resp)
                 await self._check_status(self._resp, self._where)
             bound = self._bundle_bound if self._bundles else None

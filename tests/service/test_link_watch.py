@@ -268,3 +268,37 @@ async def test_a_server_that_accepts_and_fails_every_stream_is_not_asked_in_a_lo
     # requests (9 here). Had the first probe's connect ended their backoff, each would
     # ask again at its next look at the queue (every 50 ms): 60.
     assert 2 <= streams_asked[0] <= 30
+
+
+async def test_a_stream_whose_answer_never_comes_is_a_stall(tmp_path: Path) -> None:
+    """A stream asked for as a link is cut waits for headers that do not come: bounded by
+    the stall timeout, not the session's read timeout (30 s here), so the sync asks
+    again (and its link watch starts) within the window."""
+    make_dataset(tmp_path / "src")
+    streams_asked = [0]
+    released = asyncio.Event()
+
+    @web.middleware
+    async def never_answer_streams(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith("/stream"):
+            streams_asked[0] += 1
+            await released.wait()  # until the test ends
+            raise web.HTTPServiceUnavailable()
+        return await handler(request)
+
+    runner, port, _ = await serve_with_middleware(tmp_path / "src", never_answer_streams)
+    client = ClientOptions(token=TOKEN, read_timeout_s=30, stall_timeout_s=0.4)
+    options = SyncOptions(retry_window_s=1.5, backoff_initial_s=0.05, backoff_max_s=0.1)
+    started_s = time.monotonic()
+    try:
+        with pytest.raises(NetworkError, match="retry window"):
+            await asyncio.wait_for(sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dst", client, client_cpu=CPU,
+                sync_options=options, streams=2, zstd_level=0,
+            ), WAIT_BOUND_S)  # fmt: skip
+        failed_after_s = time.monotonic() - started_s
+    finally:
+        released.set()
+        await runner.cleanup()
+    assert failed_after_s < client.read_timeout_s
+    assert streams_asked[0] >= 4  # each stream given up after 0.4 s and asked again
