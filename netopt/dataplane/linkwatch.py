@@ -5,7 +5,7 @@ streams sent again, on pooled connections as dead as theirs or on fresh ones, si
 a retransmission (or SYN) backoff that doubles each time. On the lab's 80 ms link cut
 for 10 s the first packet after the restore left 1.3 s after it, and 1 MB had crossed
 only 2.1-2.4 s after it. A `LinkWatch` probes the server with a bare TCP connect every
-`PROBE_EVERY_S` from the first failure of a stream until one connects. After probes
+`PROBE_EVERY_S` from the first failure of a fetch until one connects. After probes
 that were refused or unanswered, that connect shows the way is open again: every
 connection waiting on a retransmission (what it sent unacknowledged, nothing heard
 from the server since the failures began) or on a SYN sent into the cut (`unheard`)
@@ -112,7 +112,7 @@ class TrackedSockets:
 
 
 class LinkWatch:
-    """Probes a server while a stream failure is unresolved; at the first connect after
+    """Probes a server while a fetch's failure is unresolved; at the first connect after
     an outage (a probe refused or unanswered first), shuts down the sockets of
     ``tracked`` that `unheard` says the outage left dead and counts a return (`returns`).
     A first probe that connects ends the watch with no return: the server was never out
@@ -142,7 +142,7 @@ class LinkWatch:
         return self._task is not None and not self._task.done()
 
     def failed(self, quiet_s: float) -> None:
-        """A stream failed after hearing nothing for up to ``quiet_s``: the failures began
+        """A fetch failed after hearing nothing for up to ``quiet_s``: the failures began
         that long ago at the latest; probe until the server accepts a connection."""
         began_s = time.monotonic() - quiet_s
         self._since_s = began_s if self._since_s is None else min(self._since_s, began_s)

@@ -86,8 +86,9 @@ class SyncSummary:
     logical_bytes: int
     seconds: float
     link_returns: int = 0
-    """Times the server answered again after streams failed (a link cut, a restart), each
-    ending the wait of the connections left dead (`netopt.dataplane.linkwatch`)."""
+    """Times the server answered again after an outage (a link cut, a restart) that failed
+    fetches, each ending the wait of the connections left dead
+    (`netopt.dataplane.linkwatch`)."""
 
     @property
     def throughput_bps(self) -> float:
