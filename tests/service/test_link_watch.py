@@ -37,15 +37,10 @@ from netopt.dataplane.linkwatch import MAX_PROBES, LinkWatch, TrackedSockets
 from netopt.dataplane.sync import SyncOptions
 from netopt.errors import NetworkError
 from netopt.tcpinfo import TCP_ESTABLISHED, read_tcp_info
+from tests.service.coordinator_helpers import free_port
 
 WAIT_BOUND_S = 10.0
 """Not a speed bound: how long a test waits for what must happen before it fails."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _until(condition: object, what: str) -> None:
@@ -86,7 +81,7 @@ async def _stuck_in_handshake(loop: asyncio.AbstractEventLoop) -> tuple[
 
 async def test_the_watch_probes_until_the_server_accepts_then_drops_the_dead() -> None:
     loop = asyncio.get_running_loop()
-    server_port = _free_port()  # nothing listens yet: refused, like a server restarting
+    server_port = free_port()  # nothing listens yet: refused, like a server restarting
     peers = socket.socket()
     peers.bind(("127.0.0.1", 0))
     peers.listen(8)

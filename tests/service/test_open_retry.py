@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from netopt.dataplane.client import ClientOptions
 from netopt.dataplane.server import ServeSettings, ServeStats, create_app, load_dataset
 from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import AuthenticationError, PeerUnreachableError
+from tests.service.coordinator_helpers import free_port
 from tests.service.dataplane_helpers import CHUNK_BYTES, CPU, TOKEN, check_tree, make_dataset
 from tests.service.serve_process import REPO
 
@@ -30,12 +30,6 @@ LATE_S = 1.2
 """How long after the sync starts the server comes up."""
 WAIT_BOUND_S = 60.0
 """Not a speed bound: how long a test waits before it fails."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _serve_on(root: Path, port: int, middleware: Any = None) -> web.AppRunner:
@@ -63,7 +57,7 @@ async def test_a_sync_started_before_its_server_syncs_once_the_server_is_up(
     tmp_path: Path,
 ) -> None:
     files = make_dataset(tmp_path / "src")
-    port = _free_port()  # refused until the server comes up
+    port = free_port()  # refused until the server comes up
     runner: web.AppRunner | None = None
 
     async def come_up_late() -> None:
@@ -89,7 +83,7 @@ async def test_a_sync_started_before_its_server_syncs_once_the_server_is_up(
 async def test_a_source_that_stays_unreachable_fails_once_the_window_has_passed(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()  # nothing ever listens
+    port = free_port()  # nothing ever listens
     started_s = time.monotonic()
     with pytest.raises(PeerUnreachableError) as caught:
         await asyncio.wait_for(run_sync(_request(tmp_path, port, 1.0)), WAIT_BOUND_S)
@@ -101,7 +95,7 @@ async def test_a_source_that_stays_unreachable_fails_once_the_window_has_passed(
 
 async def test_a_refused_token_is_not_tried_again(tmp_path: Path) -> None:
     make_dataset(tmp_path / "src")
-    port = _free_port()
+    port = free_port()
     asked = [0]
 
     @web.middleware
@@ -126,7 +120,7 @@ def test_the_sync_command_waits_for_a_server_that_starts_after_it(tmp_path: Path
     """`netopt sync` (with its start-up prefetch) then `netopt serve`, as two pods of a
     job that start together."""
     files = make_dataset(tmp_path / "src")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "NETOPT_TOKEN": TOKEN}
     sync = subprocess.Popen(
         [sys.executable, "-m", "netopt", "sync", f"netopt://127.0.0.1:{port}/ds",
