@@ -34,7 +34,7 @@ from netopt.dataplane.limits import (
 from netopt.dataplane.manifestcache import ManifestEncodings
 from netopt.dataplane.manifestwire import RangeNotSatisfiable, accepts_zstd, byte_range
 from netopt.dataplane.origin import LiveDataset
-from netopt.dataplane.served import DatasetView, ServedDataset
+from netopt.dataplane.served import DatasetView, LoadingDatasets, ServedDataset
 from netopt.dataplane.streamctx import CONTEXT_MAX_CHUNK_BYTES, ContextEncoder, fits_bundle
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
 from netopt.errors import (
@@ -126,6 +126,9 @@ class ServeStats:
 
 
 DATASETS = web.AppKey("datasets", Mapping[str, DatasetView])
+Lookup = Callable[[str], Awaitable[DatasetView | None]]
+LOOKUP: web.AppKey[Lookup] = web.AppKey("lookup")
+"""How the routes find a dataset by name in `DATASETS` (`dataset_lookup`)."""
 SETTINGS = web.AppKey("settings", ServeSettings)
 CPU = web.AppKey("cpu", CpuProfile)
 STATS = web.AppKey("stats", ServeStats)
@@ -152,25 +155,37 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return refusal if refusal is not None else await handler(request)
 
 
-def _lookup(request: web.Request) -> DatasetView:
+def dataset_lookup(datasets: Mapping[str, DatasetView]) -> Lookup:
+    """How to find a dataset of ``datasets`` by name: `LoadingDatasets.load` where the
+    mapping reads its datasets from disk (off the event loop), else a plain get."""
+    if isinstance(datasets, LoadingDatasets):
+        return datasets.load
+
+    async def get(name: str) -> DatasetView | None:
+        return datasets.get(name)
+
+    return get
+
+
+async def _lookup(request: web.Request) -> DatasetView:
     name = request.match_info["name"]
     if not is_dataset_name(name):
         raise web.HTTPBadRequest(text=f"bad dataset name {name!r}")
-    found = request.app[DATASETS].get(name)
+    found = await request.app[LOOKUP](name)
     if found is None:
         raise web.HTTPNotFound(text=f"no dataset {name!r}")
     return found
 
 
-def _dataset(request: web.Request) -> DatasetView:
+async def _dataset(request: web.Request) -> DatasetView:
     """The dataset named in the request, as its current version (for chunk routes)."""
-    found = _lookup(request)
+    found = await _lookup(request)
     return found.current if isinstance(found, LiveDataset) else found
 
 
 async def _fresh_dataset(request: web.Request) -> DatasetView:
     """The dataset brought up to date with its files first (for info and manifest)."""
-    found = _lookup(request)
+    found = await _lookup(request)
     if not isinstance(found, LiveDataset):
         return found
     loop = asyncio.get_running_loop()
@@ -191,24 +206,28 @@ def _gone(chunk_id: str) -> web.HTTPGone:
     return web.HTTPGone(text=json.dumps(exc.to_dict()), content_type="application/json")
 
 
-_REFRESHING: set[asyncio.Task[ServedDataset]] = set()
+_REFRESHING: set[asyncio.Task[None]] = set()
 """Background refreshes started by stale reads, held until they end."""
 
 
 def _stale_read(request: web.Request) -> None:
     """A chunk no longer matches its file: publish the new version in the background,
     so the client's next request learns that its chunk is gone (410)."""
-    found = _lookup(request)
+    task = asyncio.get_running_loop().create_task(_publish_change(request))
+    _REFRESHING.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_REFRESHING.discard)
+    task.add_done_callback(_log_refresh_failure)
+
+
+async def _publish_change(request: web.Request) -> None:
+    found = await _lookup(request)
     if isinstance(found, LiveDataset):
         loop = asyncio.get_running_loop()
         executor = request.app[EXECUTOR]
-        task = loop.create_task(found.fresh(lambda fn: loop.run_in_executor(executor, fn)))
-        _REFRESHING.add(task)  # the loop keeps only a weak reference to a task
-        task.add_done_callback(_REFRESHING.discard)
-        task.add_done_callback(_log_refresh_failure)
+        await found.fresh(lambda fn: loop.run_in_executor(executor, fn))
 
 
-def _log_refresh_failure(task: asyncio.Task[ServedDataset]) -> None:
+def _log_refresh_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("publishing the changed dataset failed: %s", task.exception())
 
@@ -455,7 +474,7 @@ def _client_may_leave(handler: StreamHandler) -> StreamHandler:
 
 @_client_may_leave
 async def dataset_batch(request: web.Request) -> web.StreamResponse:
-    ds = _dataset(request)
+    ds = await _dataset(request)
     level = _level(request)
     try:
         body = parse_json_document(await request.read())
@@ -551,7 +570,7 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     batch); a bad later name, or a chunk that cannot be read, cuts the stream:
     the client keeps the whole frames it got and asks again.
     """
-    ds = _dataset(request)
+    ds = await _dataset(request)
     level = _level(request)
     seen: set[str] = set()
     first = await _next_stream_id(request, ds, seen, level)
@@ -708,7 +727,7 @@ async def _next_name(
 
 
 async def dataset_chunk(request: web.Request) -> web.Response:
-    ds = _dataset(request)
+    ds = await _dataset(request)
     level = _level(request)
     part = _part(request)
     chunk_id = _chunk_name(ds, request.match_info["chunk_id"])
@@ -724,7 +743,7 @@ async def dataset_chunk(request: web.Request) -> web.Response:
     try:
         payload, codec = await loop.run_in_executor(request.app[EXECUTOR], read, ds, chunk_id)
     except IntegrityError as exc:
-        found = _lookup(request)
+        found = await _lookup(request)
         if not isinstance(found, LiveDataset):
             log.warning("chunk %s: %s", chunk_id[:16], exc)
             return _error(500, exc)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import blake3
 
@@ -26,7 +26,7 @@ from netopt.transfer.profile import sample_files
 if TYPE_CHECKING:
     from netopt.dataplane.frames import FrameStore
 
-__all__ = ["DatasetView", "ServedDataset", "index_chunks", "load_dataset"]
+__all__ = ["DatasetView", "LoadingDatasets", "ServedDataset", "index_chunks", "load_dataset"]
 
 
 class DatasetView(Protocol):
@@ -43,6 +43,17 @@ class DatasetView(Protocol):
 
     def read_chunk(self, chunk_id: str) -> bytes:
         """The verified bytes of one chunk (blocking); StorageError, IntegrityError."""
+        ...
+
+
+@runtime_checkable
+class LoadingDatasets(Protocol):
+    """Served datasets whose lookup may read them from disk first (an agent's cache,
+    `netopt.cache.peerserve.CachedDatasets`): the routes look them up with `load`, which
+    reads off the event loop, so a dataset being read does not hold back the others."""
+
+    async def load(self, name: str) -> DatasetView | None:
+        """The dataset ``name`` as stored now (None: not stored)."""
         ...
 
 

@@ -53,6 +53,7 @@ from netopt.dataplane.handlers import (
     CPU,
     DATASETS,
     EXECUTOR,
+    LOOKUP,
     MANIFESTS,
     SETTINGS,
     STATS,
@@ -62,6 +63,7 @@ from netopt.dataplane.handlers import (
     dataset_batch,
     dataset_chunk,
     dataset_info,
+    dataset_lookup,
     dataset_manifest,
     dataset_stream,
     health,
@@ -112,6 +114,7 @@ def add_dataplane(
     `auth_middleware`); the agent serves its cache to peers this way."""
     app[SETTINGS] = settings
     app[DATASETS] = datasets
+    app[LOOKUP] = dataset_lookup(datasets)
     app[CPU] = cpu_profile
     app[STATS] = stats or ServeStats()
     app[MANIFESTS] = ManifestEncodings()
