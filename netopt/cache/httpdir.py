@@ -11,7 +11,8 @@ only the files that changed and asks for chunks it lacks with range requests
 from __future__ import annotations
 
 import email.utils
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
 from pathlib import Path
@@ -29,9 +30,8 @@ from netopt.cache.remotefiles import (
     file_mtime_ns,
     load_state,
     save_state,
-    spool_dir,
-    spool_stream,
 )
+from netopt.cache.spool import content_range_start, open_spool
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
@@ -130,13 +130,32 @@ async def _describe(session: aiohttp.ClientSession, base: str, url: str) -> Remo
     return RemoteFile(url, rel, size, validator, file_mtime_ns(modified_s, validator))
 
 
-async def _download(
-    session: aiohttp.ClientSession, remote: RemoteFile, spool: Path
-) -> tuple[Path, int]:
-    async with session.get(remote.key) as resp:
-        if resp.status != 200:
+def _if_range(validator: str) -> str | None:
+    """What a resumed download names in ``If-Range``: the listing's strong ETag, else its
+    Last-Modified (a weak ETag may not be used there); None: neither, no resuming."""
+    _, _, rest = validator.partition("|")
+    etag, _, modified = rest.rpartition("|")
+    if etag.startswith('"'):
+        return etag
+    return modified or None
+
+
+@asynccontextmanager
+async def _get_from(
+    session: aiohttp.ClientSession, remote: RemoteFile, offset: int
+) -> AsyncIterator[tuple[int, AsyncIterable[bytes]]]:
+    """`netopt.cache.spool.FetchFrom` for a web server: a ranged GET naming the listed
+    validator when resuming; a 200 answer is the whole file again."""
+    if_range = _if_range(remote.validator) if offset else None
+    headers = {"Range": f"bytes={offset}-", "If-Range": if_range} if if_range else {}
+    async with session.get(remote.key, headers=headers) as resp:
+        if resp.status == 206 and headers:
+            start = content_range_start(resp.headers.get("Content-Range", ""))
+        elif resp.status == 200:
+            start = 0
+        else:
             raise NetworkError(f"{remote.key}: HTTP {resp.status}")
-        return await spool_stream(spool, resp.content.iter_chunked(1 << 20))
+        yield start, resp.content.iter_chunked(1 << 20)
 
 
 @asynccontextmanager
@@ -159,7 +178,7 @@ async def open_http_dir(
     try:
         known = await load_state(state_path)
         async with (
-            spool_dir("netopt-httpdir-") as spool,
+            open_spool(state_dir, "httpdir", base) as spool,
             aiohttp.ClientSession(
                 headers=headers, timeout=timeout, auto_decompress=False
             ) as session,
@@ -168,10 +187,10 @@ async def open_http_dir(
                 urls, listing_bytes = await _crawl(session, base)
                 remotes = [await _describe(session, base, u) for u in urls]
 
-                async def download(remote: RemoteFile, spool: Path) -> tuple[Path, int]:
-                    return await _download(session, remote, spool)
+                async def download(remote: RemoteFile) -> tuple[Path, int]:
+                    return await spool.download(remote, functools.partial(_get_from, session))
 
-                built = await build_entries(remotes, known, spool, avg_chunk_bytes, download)
+                built = await build_entries(remotes, known, avg_chunk_bytes, download)
             except aiohttp.ClientConnectorError as exc:
                 raise PeerUnreachableError(f"{base} is unreachable: {exc}") from exc
             except aiohttp.ClientError as exc:

@@ -4,7 +4,8 @@ Such a file is chunked here after one full download; what it was cut into is
 remembered in a state file keyed by the file's remote name, with a validator
 (size, ETag, Last-Modified), so a re-sync downloads only files whose validator
 changed and asks for the chunks it lacks with ranged reads. Downloads wait in a
-spool directory until the sync has taken their chunks.
+spool directory until the sync has taken their chunks (`netopt.cache.spool`: kept
+for the next try when a sync fails, and resumed).
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +35,6 @@ __all__ = [
     "file_mtime_ns",
     "load_state",
     "save_state",
-    "spool_dir",
-    "spool_stream",
 ]
 
 MAX_FILES = 100_000
@@ -68,8 +63,9 @@ def file_mtime_ns(modified_s: int | None, validator: str) -> int:
     return (modified_s or 0) * 10**9 + sub_second_ns
 
 
-Download = Callable[[RemoteFile, Path], Awaitable[tuple[Path, int]]]
-"""Download a whole file into the spool dir: (its spool path, bytes on the wire)."""
+Download = Callable[[RemoteFile], Awaitable[tuple[Path, int]]]
+"""Download a whole file into the spool (`netopt.cache.spool`): (its path there, bytes
+on the wire)."""
 
 ReadRange = Callable[[RemoteFile, int, int], Awaitable[RawChunk]]
 """Read ``length`` bytes at ``offset`` of a file (RawChunk.wire_bytes counts the wire)."""
@@ -158,7 +154,6 @@ def _entry_from_state(remote: RemoteFile, memo: dict[str, Any]) -> FileEntry:
 async def build_entries(
     remotes: Sequence[RemoteFile],
     known: dict[str, Any],
-    spool: Path,
     avg_chunk_bytes: int,
     download: Download,
 ) -> BuiltEntries:
@@ -173,7 +168,7 @@ async def build_entries(
         if memo is not None and memo.get("validator") == remote.validator:
             entry = _entry_from_state(remote, memo)
         else:
-            path, got = await download(remote, spool)
+            path, got = await download(remote)
             built.wire_bytes += got
             entry = await asyncio.to_thread(_chunk, path, remote, avg_chunk_bytes)
             built.spooled[remote.path] = path
@@ -206,24 +201,3 @@ async def save_state(state_path: Path | None, known: dict[str, Any]) -> None:
     """Write ``known`` atomically (no-op without a path); OSError when the disk refuses."""
     if state_path is not None:
         await asyncio.to_thread(_save, state_path, known)
-
-
-@asynccontextmanager
-async def spool_dir(prefix: str) -> AsyncIterator[Path]:
-    """A temporary spool directory, removed on exit; OSError when it cannot be made."""
-    spool = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=prefix))
-    try:
-        yield spool
-    finally:
-        await asyncio.to_thread(shutil.rmtree, spool, True)
-
-
-async def spool_stream(spool: Path, pieces: AsyncIterable[bytes]) -> tuple[Path, int]:
-    """Write ``pieces`` to a new file in ``spool``: (its path, bytes written); OSError on disk."""
-    fd, name = tempfile.mkstemp(dir=spool)
-    got = 0
-    with os.fdopen(fd, "wb") as f:
-        async for piece in pieces:
-            await asyncio.to_thread(f.write, piece)
-            got += len(piece)
-    return Path(name), got

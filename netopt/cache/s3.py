@@ -15,10 +15,12 @@ request is bounded by the client's connect and read timeouts and a few retries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from netopt.cache.remotefiles import (
     MAX_FILES,
@@ -30,10 +32,9 @@ from netopt.cache.remotefiles import (
     file_mtime_ns,
     load_state,
     save_state,
-    spool_dir,
-    spool_stream,
 )
 from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
+from netopt.cache.spool import content_range_start, open_spool
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import (
@@ -150,7 +151,9 @@ def s3_error(exc: Exception, url: S3Url, endpoint: str) -> NetoptError:
         return PeerUnreachableError(f"{where} is unreachable: {type(exc).__name__}")
     if isinstance(exc, bx.ReadTimeoutError | TimeoutError):
         return NetworkError(f"{where}: read timed out")
-    if isinstance(exc, bx.BotoCoreError):
+    if isinstance(exc, bx.BotoCoreError | aiohttp.ClientError):
+        # An object's body is read by aiohttp itself: a cut mid-object arrives as
+        # aiohttp's error (ClientPayloadError), a failure to reach, not an answer.
         return NetworkError(f"{where}: {type(exc).__name__}: {exc}")
     return ProtocolError(f"{where}: {type(exc).__name__}: {exc}")
 
@@ -158,7 +161,7 @@ def s3_error(exc: Exception, url: S3Url, endpoint: str) -> NetoptError:
 def _boto_errors() -> tuple[type[Exception], ...]:
     from botocore import exceptions as bx
 
-    return (bx.BotoCoreError, bx.ClientError, TimeoutError)
+    return (bx.BotoCoreError, bx.ClientError, TimeoutError, aiohttp.ClientError)
 
 
 class S3ChunkSource(SpooledChunkSource):
@@ -243,7 +246,7 @@ async def open_s3(
     state_path = Path(state_dir) / _STATE_FILE if state_dir else None
     try:
         known = await load_state(state_path)
-        async with spool_dir("netopt-s3-") as spool:
+        async with open_spool(state_dir, "s3", f"{scope}/{url.bucket}/{url.prefix}") as spool:
             try:
                 session = AioSession(profile=s3.profile)
                 client_cm = session.create_client("s3", **_client_args(s3, client))
@@ -257,19 +260,30 @@ async def open_s3(
                 raise s3_error(exc, url, endpoint) from exc
             try:
 
-                async def download(remote: RemoteFile, spool: Path) -> tuple[Path, int]:
+                @asynccontextmanager
+                async def get_from(
+                    remote: RemoteFile, offset: int
+                ) -> AsyncIterator[tuple[int, AsyncIterable[bytes]]]:
+                    """`netopt.cache.spool.FetchFrom`: the object from ``offset``, only as
+                    listed (``IfMatch``: a changed object fails, and is listed again)."""
+                    ranged = {"Range": f"bytes={offset}-"} if offset else {}
                     resp = await s3_client.get_object(
-                        Bucket=url.bucket, Key=_object_key(remote), IfMatch=_etag(remote)
-                    )
+                        Bucket=url.bucket, Key=_object_key(remote), IfMatch=_etag(remote),
+                        **ranged,
+                    )  # fmt: skip
+                    start = content_range_start(str(resp.get("ContentRange", ""))) if offset else 0
                     body = resp["Body"]
                     # The body itself reads: what ``async with`` returns differs between
                     # aiobotocore releases (the raw aiohttp response before 3.x).
                     async with body:
-                        return await spool_stream(spool, body.iter_chunks(_READ_PIECE_BYTES))
+                        yield start, body.iter_chunks(_READ_PIECE_BYTES)
+
+                async def download(remote: RemoteFile) -> tuple[Path, int]:
+                    return await spool.download(remote, get_from)
 
                 try:
                     remotes = await _list(s3_client, url, scope)
-                    built = await build_entries(remotes, known, spool, avg_chunk_bytes, download)
+                    built = await build_entries(remotes, known, avg_chunk_bytes, download)
                 except _boto_errors() as exc:
                     raise s3_error(exc, url, endpoint) from exc
                 manifest = Manifest(name, tuple(built.entries), avg_chunk_bytes)

@@ -18,6 +18,7 @@ from netopt.cache.s3 import S3Options, S3Url, object_rel_path, parse_s3_url
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import run_sync
 from netopt.cli.main import main
+from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import PathTraversalError, ValidationError
 from tests.service.cache_helpers import CHUNK_BYTES, request, tree
 
@@ -192,3 +193,33 @@ async def test_known_objects_are_read_by_ranges(tmp_path: Path, moto_endpoint: s
     assert first.wire_bytes == second.wire_bytes == sum(len(b) for b in objects.values())
     assert second.summary is not None
     assert second.summary.chunks_fetched >= 4  # 300 kB in ~64 kB chunks, each a ranged GET
+
+
+async def test_a_download_cut_mid_object_resumes_with_a_ranged_get(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    """The connection carrying ``big.bin`` is cut part way (a proxy in front of the
+    server): the open's next try asks for the rest of it by range, not for all of it."""
+    from tests.service.dataplane_helpers import Proxy
+
+    objects = _dataset(seed=3)
+    total_bytes = sum(len(b) for b in objects.values())
+    await _put(moto_endpoint, "cut", {f"ds/{k}": v for k, v in objects.items()}, create=True)
+    port = int(moto_endpoint.rsplit(":", 1)[1])
+    # One connection a request (the server closes each): the listing, then big.bin.
+    proxy = Proxy(port, kill_connection=2, kill_after_bytes=BIG_BYTES // 2)
+    proxy_port = await proxy.start()
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    source_options = _options(f"http://127.0.0.1:{proxy_port}")
+    window = SyncOptions(retry_window_s=10, backoff_initial_s=0.05, backoff_max_s=0.1)
+    try:
+        report = await run_sync(
+            request("s3://cut/ds", dest, cache, source_options=source_options, sync_options=window)
+        )
+    finally:
+        await proxy.close()
+    assert proxy.killed == 1, proxy.connections
+    assert tree(dest) == objects
+    # The try that succeeded moved the rest of big.bin and the other objects, not all.
+    assert total_bytes - BIG_BYTES // 2 <= report.wire_bytes < total_bytes
+    assert not list((cache / "sources").glob("spool-s3-*"))

@@ -1,0 +1,195 @@
+"""A web-directory source whose download breaks in the middle of a large file resumes it
+from where it stopped, within the sync and in the next run, and starts it again when the
+file changed or the server ignores ranges; a server that sends more than a file's
+listed size cannot grow the spool past it.
+
+The origin is a real aiohttp server on loopback that lists a directory, answers HEAD
+and ranged GETs (``If-Range`` against its ETag) and can cut a download after a given
+number of bytes, as a link cut or an origin restart does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from netopt.cache.syncer import run_sync
+from netopt.dataplane.synctypes import SyncOptions
+from netopt.errors import NetworkError
+from tests.service.cache_helpers import request, tree
+
+BIG_BYTES = 3 << 20
+CUT_AT = 1_300_000
+
+
+@dataclass
+class Origin:
+    """The served files and what happened to each GET of them."""
+
+    files: dict[str, bytes]
+    etag: str = '"v1"'
+    cuts: list[int] = field(default_factory=list)
+    """Cut the next GETs of ``big.bin`` after this many body bytes (one per GET)."""
+    honour_ranges: bool = True
+    extra_bytes: int = 0
+    """Bytes sent after ``big.bin``'s own (a hostile or changing server)."""
+    gets: list[tuple[str, str | None, int]] = field(default_factory=list)
+    """(name, Range header, body bytes sent) of each GET."""
+
+    async def listing(self, request: web.Request) -> web.Response:
+        links = "".join(f'<a href="{name}">{name}</a>' for name in self.files)
+        return web.Response(text=f"<html><body>{links}</body></html>", content_type="text/html")
+
+    async def file(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        data = self.files[name]
+        headers = {"ETag": self.etag, "Last-Modified": "Mon, 30 Nov 2026 10:00:00 GMT"}
+        if request.method == "HEAD":
+            return web.Response(headers={**headers, "Content-Length": str(len(data))})
+        asked = request.headers.get("Range")
+        start = 0
+        status = 200
+        if asked and self.honour_ranges and request.headers.get("If-Range") == self.etag:
+            start = int(asked.removeprefix("bytes=").split("-")[0])
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        body = data[start:] + os.urandom(self.extra_bytes if name == "big.bin" else 0)
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        limit = self.cuts.pop(0) if name == "big.bin" and self.cuts else len(body)
+        await resp.write(body[:limit])
+        self.gets.append((name, asked, min(limit, len(body))))
+        if limit < len(body):
+            assert request.transport is not None
+            request.transport.close()  # the link or the origin went away mid-file
+            return resp
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture
+async def origin() -> AsyncIterator[tuple[Origin, str]]:
+    served = Origin(
+        files={
+            "big.bin": os.urandom(BIG_BYTES),
+            "small.txt": b"a small file\n" * 100,
+        }
+    )
+    app = web.Application()
+    app.add_routes([web.get("/ds/", served.listing), web.get("/ds/{name}", served.file)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield served, f"http://127.0.0.1:{runner.addresses[0][1]}/ds/"
+    finally:
+        await runner.cleanup()
+
+
+def _options(window_s: float) -> SyncOptions:
+    return SyncOptions(retry_window_s=window_s, backoff_initial_s=0.05, backoff_max_s=0.1)
+
+
+def _big_gets(served: Origin) -> list[tuple[str | None, int]]:
+    return [(asked, sent) for name, asked, sent in served.gets if name == "big.bin"]
+
+
+def _resumed_from(asked: str | None) -> int:
+    assert asked is not None
+    assert asked.startswith("bytes=")
+    assert asked.endswith("-")
+    return int(asked.removeprefix("bytes=").removesuffix("-"))
+
+
+def _spools(cache: Path) -> list[Path]:
+    return sorted((cache / "sources").glob("spool-httpdir-*"))
+
+
+async def _a_run_cut_mid_file(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> tuple[Origin, str, Path, Path]:
+    """A sync with no retry window whose download of ``big.bin`` is cut: it fails."""
+    served, url = origin
+    served.cuts = [CUT_AT]
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    with pytest.raises(NetworkError):
+        await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    return served, url, cache, dest
+
+
+async def test_a_download_cut_mid_file_resumes_within_the_sync(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    served, url = origin
+    served.cuts = [CUT_AT]
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    report = await run_sync(request(url, dest, cache, sync_options=_options(10)))
+    assert tree(dest) == served.files
+    (first, cut), (resumed, rest) = _big_gets(served)
+    kept = _resumed_from(resumed)
+    # What arrived before the cut was kept, but for the piece being read when it broke.
+    assert (first, cut) == (None, CUT_AT)
+    assert 0 < kept <= CUT_AT
+    assert rest == BIG_BYTES - kept
+    assert report.overhead_bytes < BIG_BYTES + CUT_AT  # not the whole file twice
+    assert _spools(cache) == []  # removed once the sync succeeded
+
+
+async def test_a_failed_sync_leaves_its_download_for_the_next_run(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
+    assert not (dest / "big.bin").exists()
+    (spool,) = _spools(cache)
+    (kept,) = [p.stat().st_size for p in spool.glob("*.part") if p.stat().st_size > 2000]
+    assert 0 < kept <= CUT_AT
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    assert _big_gets(served)[-1] == (f"bytes={kept}-", BIG_BYTES - kept)
+    assert _spools(cache) == []
+
+
+async def test_a_file_changed_since_the_cut_is_downloaded_again_whole(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
+    served.files["big.bin"] = os.urandom(BIG_BYTES)  # the same size, another version
+    served.etag = '"v2"'
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    assert _big_gets(served)[-1] == (None, BIG_BYTES)  # its partial copy was dropped
+
+
+async def test_a_server_that_ignores_ranges_gives_the_whole_file_again(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    served, url = origin
+    served.cuts = [CUT_AT]
+    served.honour_ranges = False
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    await run_sync(request(url, dest, cache, sync_options=_options(10)))
+    assert tree(dest) == served.files
+    (first, cut), (resumed, whole) = _big_gets(served)
+    assert (first, cut) == (None, CUT_AT)
+    assert _resumed_from(resumed) > 0  # asked from where it stopped ...
+    assert whole == BIG_BYTES  # ... and was given all of it, which replaced the partial copy
+
+
+async def test_a_server_sending_more_than_the_listed_size_cannot_grow_the_spool(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    served, url = origin
+    served.extra_bytes = 4 << 20
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    with pytest.raises(NetworkError, match="more than its listed"):
+        await run_sync(request(url, dest, cache, sync_options=_options(0.5)))
+    assert not (dest / "big.bin").exists()
+    (spool,) = _spools(cache)
+    assert max(p.stat().st_size for p in spool.glob("*.part")) <= BIG_BYTES
