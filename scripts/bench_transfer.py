@@ -22,7 +22,10 @@ temp config: ranges, keep-alive, listings) serves curl, ``aria2c -x16 -s16``
 (trees: an input file of every URL, ``-j 16``) and ``rclone copy --http-url``
 (``--multi-thread-streams 16``, ``--transfers 16``; ``--http-no-head`` on trees of
 small files); an rsync daemon serves ``rsync -a -z --compress-choice=zstd``; curl
-fetches a tree with one process, the URLs in sequence over one connection.
+fetches a tree with one process, the URLs in sequence over one connection. The tool
+``netopt-web`` is netopt syncing that same nginx listing (a web origin without a netopt
+server: crawled, downloaded and chunked on hk-1), side by side with the peers that
+read it.
 
 Per run: seconds, effective (logical) Mbit/s, share of the kind's limit (the same
 mode's ``iperf3 -P8`` x the kind's best zstd ratio among --limit-levels; iperf3
@@ -71,7 +74,7 @@ from netopt.tlsca import ServerFiles, issue_server_files
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = REPO / "configs" / "lab" / "bench-transfer.yaml"
-TOOLS = ("iperf3", "netopt", "curl", "aria2c", "rclone", "rsync")
+TOOLS = ("iperf3", "netopt", "netopt-web", "curl", "aria2c", "rclone", "rsync")
 FLOOR_RTTS = 3
 """Round trips before any TCP tool's first byte: the handshake, the request, the answer's
 first byte (TLS adds one; netopt's run counts it)."""
@@ -453,7 +456,7 @@ def bench_dataset(
                 stderr=log_file,
                 env=netopt_env(args.tls),
             )
-    for peer in ("curl", "aria2c", "rclone"):
+    for peer in ("curl", "aria2c", "rclone", "netopt-web"):
         servers[peer] = servers["nginx"]
     publish_s: float | None = None
     try:
@@ -473,7 +476,12 @@ def bench_dataset(
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
             cache = out_dir / f"{mode}-{name}-cache"
-            if tool.startswith("netopt"):
+            if tool == "netopt-web":
+                # netopt syncing nginx's listing, as from an origin that is a web server:
+                # crawled, downloaded and chunked on this side (no netopt server there).
+                argv = [sys.executable, "-m", "netopt", "sync", f"http://{srv}:{PORTS['http']}/",
+                        str(dest), "--name", name, "--json", "--cache-dir", str(cache)]  # fmt: skip
+            elif tool.startswith("netopt"):
                 argv = [
                     sys.executable,
                     "-m",
@@ -534,9 +542,10 @@ def _run_tool(
 ) -> Row:
     mode, info, dest = where
     name = info.kind
-    env = netopt_env(args.tls) if tool.startswith("netopt") else None
+    served = tool.startswith("netopt") and tool != "netopt-web"  # by a netopt server
+    env = netopt_env(args.tls) if served else None
     trace_path = dest.parent / f"trace-{mode}-{name}.json"
-    if tool.startswith("netopt") and args.trace:
+    if served and args.trace:
         trace_path.unlink(missing_ok=True)
         env = {**netopt_env(args.tls), "NETOPT_TRACE": str(trace_path)}
     server_cpu_before_s = proc_cpu_s(server.pid)
@@ -547,7 +556,7 @@ def _run_tool(
     got = arrived_bytes(dest)
     logical = min(got, info.size_bytes)
     predicted = internal = plan_rtt = None
-    if tool.startswith("netopt") and not timed_out and rc == 0:
+    if served and not timed_out and rc == 0:
         with_plan = json.loads(out)
         # The cache's sync reports the transfer plan as "transfer_plan".
         plan = with_plan.get("transfer_plan") or with_plan["plan"]

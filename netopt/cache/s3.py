@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from netopt.cache.remotefiles import (
+    DOWNLOADS_AT_ONCE,
     MAX_FILES,
     BuiltEntries,
     RemoteDataset,
@@ -215,6 +216,8 @@ def _client_args(s3: S3Options, client: ClientOptions) -> dict[str, Any]:
         connect_timeout=client.connect_timeout_s,
         read_timeout=client.read_timeout_s,
         retries={"max_attempts": s3.max_attempts, "mode": "standard"},
+        # One connection per object downloaded at once (the pool's default is 10).
+        max_pool_connections=DOWNLOADS_AT_ONCE,
     )
     return {"endpoint_url": s3.endpoint_url, "region_name": s3.region, "config": config}
 

@@ -24,6 +24,7 @@ next try. Without a state directory it is a temporary directory, removed either 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -37,13 +38,21 @@ from pathlib import Path
 from netopt.cache.remotefiles import RemoteFile
 from netopt.errors import NetworkError, ProtocolError
 
-__all__ = ["FetchFrom", "Spool", "content_range_start", "open_spool"]
+__all__ = ["FetchFrom", "FetchUnlisted", "Spool", "content_range_start", "open_spool"]
 
 FetchFrom = Callable[
     [RemoteFile, int], AbstractAsyncContextManager[tuple[int, AsyncIterable[bytes]]]
 ]
 """Ask for ``remote`` from byte ``offset`` (0: all of it): (the offset the answer starts
 at, either ``offset`` or 0, and its bytes)."""
+
+FetchUnlisted = Callable[
+    [str, "tuple[RemoteFile, int] | None"],
+    AbstractAsyncContextManager[tuple[RemoteFile, int, AsyncIterable[bytes]]],
+]
+"""Ask for the file ``key`` not listed yet, from where a kept download (the file as
+listed then, bytes kept) stopped if it is still that file: (the file as the answer lists
+it, the offset the answer starts at, its bytes)."""
 
 
 def content_range_start(content_range: str) -> int:
@@ -60,23 +69,36 @@ class Spool:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def _paths(self, remote: RemoteFile) -> tuple[Path, Path]:
-        name = hashlib.sha256(remote.key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
         return self.root / f"{name}.part", self.root / f"{name}.meta"
+
+    def _kept(self, key: str) -> tuple[RemoteFile, int] | None:
+        """What the spool holds of ``key`` (blocking): the file as it was listed when its
+        download began, and the bytes kept; None when nothing (or nothing readable)."""
+        data, meta = self._paths(key)
+        try:
+            listed = RemoteFile(**json.loads(meta.read_text()))
+            if listed.key == key:
+                return listed, data.stat().st_size
+        except (OSError, ValueError, TypeError):
+            pass
+        return None
+
+    def _begin(self, remote: RemoteFile) -> None:
+        """Start ``remote``'s download afresh (blocking): its listing kept, no bytes."""
+        data, meta = self._paths(remote.key)
+        data.unlink(missing_ok=True)
+        meta.write_text(json.dumps(dataclasses.asdict(remote)))
 
     def _resume_offset(self, remote: RemoteFile) -> int:
         """Bytes already downloaded for ``remote``'s validator (blocking); 0 after a reset."""
-        data, meta = self._paths(remote)
-        stamp = {"key": remote.key, "validator": remote.validator}
-        try:
-            if json.loads(meta.read_text()) == stamp:
-                have = data.stat().st_size
-                if remote.size_bytes < 0 or have <= remote.size_bytes:
-                    return have
-        except (OSError, ValueError):
-            pass
-        data.unlink(missing_ok=True)
-        meta.write_text(json.dumps(stamp))
+        kept = self._kept(remote.key)
+        if kept is not None and kept[0].validator == remote.validator:
+            have = kept[1]
+            if remote.size_bytes < 0 or have <= remote.size_bytes:
+                return have
+        self._begin(remote)
         return 0
 
     async def download(self, remote: RemoteFile, fetch_from: FetchFrom) -> tuple[Path, int]:
@@ -86,34 +108,57 @@ class Spool:
         the listed size or goes past it (the file changed: the open's next try lists it
         again), ProtocolError for one from another offset than asked.
         """
-        data, _ = self._paths(remote)
+        data, _ = self._paths(remote.key)
         have = await asyncio.to_thread(self._resume_offset, remote)
         # A file of unknown size is never taken as complete: it is asked for whole.
         if remote.size_bytes >= 0 and have == remote.size_bytes:
             return data, 0
         if remote.size_bytes < 0:
             have = 0
-        got = 0
         async with fetch_from(remote, have) as (start, pieces):
             if start not in (0, have):
                 raise ProtocolError(f"{remote.key}: answered from byte {start}, asked {have}")
-            with data.open("r+b" if start and data.exists() else "wb") as f:
-                f.truncate(start)
-                f.seek(start)
-                size = start
-                async for piece in pieces:
-                    size += len(piece)
-                    got += len(piece)
-                    if 0 <= remote.size_bytes < size:
-                        # Changed since it was listed (or a hostile server): a new
-                        # listing, on the open's next try, sees what it is now.
-                        raise NetworkError(
-                            f"{remote.key}: more than its listed {remote.size_bytes} bytes"
-                        )
-                    await asyncio.to_thread(f.write, piece)
+            got = await self._write(remote, start, pieces)
+        return data, got
+
+    async def download_unlisted(
+        self, key: str, fetch: FetchUnlisted
+    ) -> tuple[RemoteFile, Path, int]:
+        """``key`` whole in the spool without a listing first (no HEAD: its GET's answer
+        lists it): (the file as answered, its path, bytes on the wire). A partial
+        download is resumed as `download` does; one complete for the file as the server
+        answers it now is then taken by `download` without a request."""
+        kept = await asyncio.to_thread(self._kept, key)
+        async with fetch(key, kept) as (remote, start, pieces):
+            if start == 0:
+                await asyncio.to_thread(self._begin, remote)
+            elif kept is None or start != kept[1] or remote != kept[0]:
+                raise ProtocolError(f"{key}: answered from byte {start}, not where it stopped")
+            got = await self._write(remote, start, pieces)
+        return remote, self._paths(key)[0], got
+
+    async def _write(self, remote: RemoteFile, start: int, pieces: AsyncIterable[bytes]) -> int:
+        """Write ``pieces`` into ``remote``'s download from byte ``start``: the bytes
+        taken. NetworkError when they end short of its listed size or go past it."""
+        data, _ = self._paths(remote.key)
+        got = 0
+        with data.open("r+b" if start and data.exists() else "wb") as f:
+            f.truncate(start)
+            f.seek(start)
+            size = start
+            async for piece in pieces:
+                size += len(piece)
+                got += len(piece)
+                if 0 <= remote.size_bytes < size:
+                    # Changed since it was listed (or a hostile server): a new
+                    # listing, on the open's next try, sees what it is now.
+                    raise NetworkError(
+                        f"{remote.key}: more than its listed {remote.size_bytes} bytes"
+                    )
+                await asyncio.to_thread(f.write, piece)
         if 0 <= remote.size_bytes != size:
             raise NetworkError(f"{remote.key}: ended at byte {size} of {remote.size_bytes}")
-        return data, got
+        return got
 
 
 @asynccontextmanager

@@ -6,9 +6,11 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from netopt.cache.packfmt import TOMBSTONE, PackReader, encode_entry, pack_name
 from netopt.cache.sources import SourceOptions
@@ -119,3 +121,10 @@ def mount_tmpfs(where: Path, size: str) -> None:
 def umount(where: Path) -> None:
     done = subprocess.run(["umount", str(where)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def listing_page(names: Iterable[str]) -> web.Response:
+    """A web server's directory listing of ``names`` (links relative to the page), as a
+    test origin of an ``http(s)://HOST/PATH/`` source answers it."""
+    links = "".join(f'<a href="{name}">{name}</a>' for name in names)
+    return web.Response(text=f"<html><body>{links}</body></html>", content_type="text/html")
