@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import email.utils
 import functools
-import socket
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 
 import aiohttp
@@ -37,7 +35,6 @@ from netopt.cache.remotefiles import (
 from netopt.cache.spool import content_range_start, open_spool
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
-from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
 from netopt.transfer.manifest import Manifest, validate_rel_path
 
@@ -164,21 +161,6 @@ def _body(resp: aiohttp.ClientResponse) -> AsyncIterable[bytes]:
     return resp.content.iter_chunked(1 << 20)
 
 
-def _socket_factory(client: ClientOptions) -> Callable[[Any], socket.socket]:
-    """Sockets with the client's congestion control (bbr unless configured otherwise),
-    as the data plane's own: the node's default (often cubic) falls to a fraction of a
-    lossy long link's rate."""
-
-    def make(addr_info: Any) -> socket.socket:
-        family, type_, proto, _, _ = addr_info
-        sock = socket.socket(family, type_, proto)
-        if client.congestion_control is not None:
-            try_congestion_control(sock, client.congestion_control)
-        return sock
-
-    return make
-
-
 def _if_range(validator: str) -> str | None:
     """What a resumed download names in ``If-Range``: the listing's strong ETag, else its
     Last-Modified (a weak ETag may not be used there); None: neither, no resuming."""
@@ -229,9 +211,7 @@ async def open_http_dir(
         async with (
             open_spool(state_dir, "httpdir", base) as spool,
             aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=DESCRIBES_AT_ONCE, socket_factory=_socket_factory(client)
-                ),
+                connector=aiohttp.TCPConnector(limit=DESCRIBES_AT_ONCE),
                 headers=headers,
                 timeout=timeout,
                 auto_decompress=False,
