@@ -21,6 +21,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import aiohttp
 
 from netopt.cache.remotefiles import (
+    CONNECTIONS_AT_ONCE,
     MAX_FILES,
     BuiltEntries,
     RemoteDataset,
@@ -32,7 +33,7 @@ from netopt.cache.remotefiles import (
     load_state,
     save_state,
 )
-from netopt.cache.spool import content_range_start, open_spool
+from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, parts_worth
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
@@ -42,9 +43,8 @@ __all__ = ["MAX_DEPTH", "MAX_FILES", "HttpDirSource", "list_links", "open_http_d
 
 MAX_DEPTH = 16
 DESCRIBES_AT_ONCE = 32
-"""HEAD requests in flight at once while listing (each file's size and validator): one
-at a time, listing 4,800 files over a 140 ms link took 4,800 round trips (11 minutes).
-Also the most connections the source opens (downloads take `DOWNLOADS_AT_ONCE`)."""
+"""Files listed at once (a HEAD, or the GET of a file not synced before): one at a
+time, listing 4,800 files over a 140 ms link took 4,800 round trips (11 minutes)."""
 _STATE_FILE = "httpdir.json"
 
 
@@ -130,13 +130,16 @@ def _listed(base: str, url: str, headers: Mapping[str, str], size: int) -> Remot
     modified = headers.get("Last-Modified", "")
     validator = f"{size}|{headers.get('ETag', '')}|{modified}"
     modified_s = None
+    ranges = headers.get("Accept-Ranges", "").strip().lower() == "bytes"
     if modified:
         try:
             modified_s = int(email.utils.parsedate_to_datetime(modified).timestamp())
         except (TypeError, ValueError):
             modified_s = None
     rel = validate_rel_path(unquote(urlsplit(url).path[len(urlsplit(base).path) :]))
-    return RemoteFile(url, rel, size, validator, file_mtime_ns(modified_s, validator))
+    mtime_ns = file_mtime_ns(modified_s, validator)
+    # Parts need a validator to name in If-Range, or a changed file could mix versions.
+    return RemoteFile(url, rel, size, validator, mtime_ns, ranges and bool(_if_range(validator)))
 
 
 @asynccontextmanager
@@ -152,7 +155,11 @@ async def _get_unlisted(
             yield kept[0], content_range_start(resp.headers.get("Content-Range", "")), _body(resp)
         elif resp.status == 200:
             size = resp.content_length if resp.content_length is not None else -1
-            yield _listed(base, url, resp.headers, size), 0, _body(resp)
+            listed = _listed(base, url, resp.headers, size)
+            if parts_worth(listed):  # its parts come on connections of their own
+                yield listed, LISTED_ONLY, _body(resp)
+            else:
+                yield listed, 0, _body(resp)
         else:
             raise NetworkError(f"{url}: HTTP {resp.status}")
 
@@ -173,12 +180,14 @@ def _if_range(validator: str) -> str | None:
 
 @asynccontextmanager
 async def _get_from(
-    session: aiohttp.ClientSession, remote: RemoteFile, offset: int
+    session: aiohttp.ClientSession, remote: RemoteFile, offset: int, end: int | None
 ) -> AsyncIterator[tuple[int, AsyncIterable[bytes]]]:
     """`netopt.cache.spool.FetchFrom` for a web server: a ranged GET naming the listed
-    validator when resuming; a 200 answer is the whole file again."""
-    if_range = _if_range(remote.validator) if offset else None
-    headers = {"Range": f"bytes={offset}-", "If-Range": if_range} if if_range else {}
+    validator when resuming or asking for a part; a 200 answer is the whole file again."""
+    ranged = offset or end is not None
+    if_range = _if_range(remote.validator) if ranged else None
+    last = "" if end is None else str(end - 1)
+    headers = {"Range": f"bytes={offset}-{last}", "If-Range": if_range} if if_range else {}
     async with session.get(remote.key, headers=headers) as resp:
         if resp.status == 206 and headers:
             start = content_range_start(resp.headers.get("Content-Range", ""))
@@ -211,7 +220,7 @@ async def open_http_dir(
         async with (
             open_spool(state_dir, "httpdir", base) as spool,
             aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=DESCRIBES_AT_ONCE),
+                connector=aiohttp.TCPConnector(limit=CONNECTIONS_AT_ONCE),
                 headers=headers,
                 timeout=timeout,
                 auto_decompress=False,

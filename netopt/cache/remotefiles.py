@@ -24,6 +24,7 @@ from netopt.fsutil import atomic_write_bytes
 from netopt.transfer.manifest import FileEntry, Manifest, manifest_from_dict
 
 __all__ = [
+    "CONNECTIONS_AT_ONCE",
     "DOWNLOADS_AT_ONCE",
     "MAX_FILES",
     "BuiltEntries",
@@ -48,6 +49,10 @@ long link waited a round trip or more per file, and a lossy link held each file 
 connection's rate (rclone copies 4 files at once by default, aria2c 5; `aria2c -j 16`
 and `rclone --transfers 16` are the benchmark's strongest configurations)."""
 
+CONNECTIONS_AT_ONCE = 64
+"""The most connections such a source opens at once: its downloads, and the parts of
+its large files (`netopt.cache.spool`), share them."""
+
 T = TypeVar("T")
 
 
@@ -60,6 +65,9 @@ class RemoteFile:
     size_bytes: int
     validator: str
     mtime_ns: int
+    ranges: bool = False
+    """The origin serves byte ranges of it (``Accept-Ranges: bytes``, S3): a large file
+    is downloaded in parts (`netopt.cache.spool`)."""
 
 
 def file_mtime_ns(modified_s: int | None, validator: str) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from netopt.cache.remotefiles import (
-    DOWNLOADS_AT_ONCE,
+    CONNECTIONS_AT_ONCE,
     MAX_FILES,
     BuiltEntries,
     RemoteDataset,
@@ -106,7 +106,7 @@ def remote_from_listing(url: S3Url, state_scope: str, obj: dict[str, Any]) -> Re
     validator = f"{size_bytes}|{obj.get('ETag', '')}|{stamp}"
     mtime_ns = file_mtime_ns(int(modified.timestamp()) if modified is not None else None, validator)
     return RemoteFile(
-        f"{state_scope}|s3://{url.bucket}/{key}", rel, size_bytes, validator, mtime_ns
+        f"{state_scope}|s3://{url.bucket}/{key}", rel, size_bytes, validator, mtime_ns, True
     )
 
 
@@ -216,8 +216,8 @@ def _client_args(s3: S3Options, client: ClientOptions) -> dict[str, Any]:
         connect_timeout=client.connect_timeout_s,
         read_timeout=client.read_timeout_s,
         retries={"max_attempts": s3.max_attempts, "mode": "standard"},
-        # One connection per object downloaded at once (the pool's default is 10).
-        max_pool_connections=DOWNLOADS_AT_ONCE,
+        # Objects and parts of large ones downloaded at once (the pool's default is 10).
+        max_pool_connections=CONNECTIONS_AT_ONCE,
     )
     return {"endpoint_url": s3.endpoint_url, "region_name": s3.region, "config": config}
 
@@ -265,16 +265,18 @@ async def open_s3(
 
                 @asynccontextmanager
                 async def get_from(
-                    remote: RemoteFile, offset: int
+                    remote: RemoteFile, offset: int, end: int | None
                 ) -> AsyncIterator[tuple[int, AsyncIterable[bytes]]]:
-                    """`netopt.cache.spool.FetchFrom`: the object from ``offset``, only as
-                    listed (``IfMatch``: a changed object fails, and is listed again)."""
-                    ranged = {"Range": f"bytes={offset}-"} if offset else {}
+                    """`netopt.cache.spool.FetchFrom`: the object from ``offset`` (to
+                    ``end``), only as listed (``IfMatch``: a changed object fails, and
+                    is listed again)."""
+                    last = "" if end is None else str(end - 1)
+                    ranged = {"Range": f"bytes={offset}-{last}"} if offset or last else {}
                     resp = await s3_client.get_object(
                         Bucket=url.bucket, Key=_object_key(remote), IfMatch=_etag(remote),
                         **ranged,
                     )  # fmt: skip
-                    start = content_range_start(str(resp.get("ContentRange", ""))) if offset else 0
+                    start = content_range_start(str(resp.get("ContentRange", ""))) if ranged else 0
                     body = resp["Body"]
                     # The body itself reads: what ``async with`` returns differs between
                     # aiobotocore releases (the raw aiohttp response before 3.x).

@@ -16,6 +16,7 @@ import pytest
 
 from netopt.cache.s3 import S3Options, S3Url, object_rel_path, parse_s3_url
 from netopt.cache.sources import SourceOptions
+from netopt.cache.spool import PARTS_MIN_BYTES, part_bounds
 from netopt.cache.syncer import run_sync
 from netopt.cli.main import main
 from netopt.dataplane.synctypes import SyncOptions
@@ -222,3 +223,26 @@ async def test_a_download_cut_mid_object_resumes_with_a_ranged_get(
     # The try that succeeded moved the rest of big.bin, not all of it.
     assert BIG_BYTES // 2 <= report.wire_bytes < BIG_BYTES
     assert not list((cache / "sources").glob("spool-s3-*"))
+
+
+async def test_a_large_object_comes_in_ranged_parts(tmp_path: Path, moto_endpoint: str) -> None:
+    """An object of at least `PARTS_MIN_BYTES` is asked for in ranged parts at once, one
+    connection each (counted by a proxy in front of the server, which closes each)."""
+    from tests.service.dataplane_helpers import Proxy
+
+    objects = {"large.bin": random.Random(7).randbytes(PARTS_MIN_BYTES * 2)}
+    await _put(moto_endpoint, "parts", {f"ds/{k}": v for k, v in objects.items()}, create=True)
+    proxy = Proxy(int(moto_endpoint.rsplit(":", 1)[1]))
+    proxy_port = await proxy.start()
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    source_options = _options(f"http://127.0.0.1:{proxy_port}")
+    try:
+        report = await run_sync(
+            request("s3://parts/ds", dest, cache, source_options=source_options)
+        )
+    finally:
+        await proxy.close()
+    assert tree(dest) == objects
+    assert report.wire_bytes == len(objects["large.bin"])  # each byte once
+    # The listing, then a connection per part.
+    assert proxy.connections >= 1 + len(part_bounds(len(objects["large.bin"])))
