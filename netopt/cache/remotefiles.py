@@ -215,7 +215,7 @@ async def build_entries(
         return path, got, await asyncio.to_thread(_chunk, path, remote, avg_chunk_bytes)
 
     fetched = await at_most(DOWNLOADS_AT_ONCE, len(fresh), fetch)
-    downloaded = {remote.key: got for remote, got in zip(fresh, fetched, strict=True)}
+    downloaded = {remote.key: one for remote, one in zip(fresh, fetched, strict=True)}
     for remote in remotes:
         if remote.key in downloaded:
             path, wire_bytes, entry = downloaded[remote.key]

@@ -17,7 +17,7 @@ key and remembers the validator (size, ETag, Last-Modified) it was started for:
 
 A file of `PARTS_MIN_BYTES` or more from an origin that serves ranges comes in parts
 at once (up to `MAX_PARTS`, `PART_BYTES` or more each, as ``aria2c -x`` splits one),
-each on its own connection, in its own file (``.pN``) resumed from its own length, and
+each on its own connection, in its own file (``.pNofM``) resumed from its own length, and
 joined when all are in: the origin's congestion control sets one connection's rate,
 and a loss-based one holds it to a few Mbit/s on a lossy long link.
 
@@ -46,11 +46,15 @@ from netopt.errors import NetworkError, ProtocolError
 
 __all__ = [
     "LISTED_ONLY",
+    "MAX_PARTS",
+    "PARTS_MIN_BYTES",
+    "PART_BYTES",
     "FetchFrom",
     "FetchUnlisted",
     "Spool",
     "content_range_start",
     "open_spool",
+    "part_bounds",
     "parts_worth",
 ]
 
@@ -116,12 +120,14 @@ class Spool:
             listed = RemoteFile(**json.loads(meta.read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        # No download file yet: none begun, or one in parts (``.pN``, each resumed alone).
+        # No download file yet: none begun, or one in parts (``.pNofM``, each resumed alone).
         return (listed, _size_or_zero(data)) if listed.key == key else None
 
     def _part_paths(self, key: str, count: int) -> list[Path]:
+        """Where the ``count`` parts of ``key`` are kept: named by their count too, so a
+        part is resumed only within the split it began in (`part_bounds` of the size)."""
         data, _ = self._paths(key)
-        return [data.with_name(f"{data.name}.p{i}") for i in range(count)]
+        return [data.with_name(f"{data.name}.p{i}of{count}") for i in range(count)]
 
     def _begin(self, remote: RemoteFile) -> None:
         """Start ``remote``'s download afresh (blocking): its listing kept, no bytes."""
@@ -164,7 +170,7 @@ class Spool:
         return data, got
 
     async def _download_parts(self, remote: RemoteFile, fetch_from: FetchFrom) -> int:
-        """``remote`` in parts at once, each its own file (``.pN``) resumed from its
+        """``remote`` in parts at once, each its own file (``.pNofM``) resumed from its
         length, then joined into its download: the bytes taken on the wire."""
         data, _ = self._paths(remote.key)
         bounds = part_bounds(remote.size_bytes)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+import netopt.cache.spool as spool_module
 from netopt.cache.spool import PARTS_MIN_BYTES, part_bounds
 from netopt.cache.syncer import run_sync
 from netopt.dataplane.synctypes import SyncOptions
@@ -243,3 +244,24 @@ async def test_a_large_file_comes_in_ranged_parts_and_a_cut_part_resumes(
     assert sum(sent for _, sent in ranged) < len(large) + cut_at
     assert report.overhead_bytes < len(large) + (2 << 20)
     assert _spools(cache) == []
+
+
+async def test_parts_kept_from_another_split_are_not_mixed_in(
+    tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts left by a failed run are resumed only within the same split: a netopt that
+    splits the file otherwise (another release) starts its own parts."""
+    served, url = origin
+    large = os.urandom(PARTS_MIN_BYTES * 3 + 12_345)
+    served.files = {"large.bin": large}
+    served.accept_ranges = True
+    served.cut_ranged = [200_000]
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    with pytest.raises(NetworkError):
+        await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    (spool,) = _spools(cache)
+    assert list(spool.glob("*.part.p*"))  # parts kept for the next run
+    monkeypatch.setattr(spool_module, "MAX_PARTS", 5)
+    assert len(part_bounds(len(large))) == 5
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
