@@ -152,7 +152,7 @@ async def _get_unlisted(
     headers = {"Range": f"bytes={kept[1]}-", "If-Range": if_range} if kept and if_range else {}
     async with session.get(url, headers=headers) as resp:
         if resp.status == 206 and kept is not None and headers:
-            yield kept[0], content_range_start(resp.headers.get("Content-Range", "")), _body(resp)
+            yield kept[0], content_range_start(resp.headers.get("Content-Range")), _body(resp)
         elif resp.status == 200:
             size = resp.content_length if resp.content_length is not None else -1
             listed = _listed(base, url, resp.headers, size)
@@ -190,12 +190,12 @@ async def _get_from(
     headers = {"Range": f"bytes={offset}-{last}", "If-Range": if_range} if if_range else {}
     async with session.get(remote.key, headers=headers) as resp:
         if resp.status == 206 and headers:
-            start = content_range_start(resp.headers.get("Content-Range", ""))
+            start = content_range_start(resp.headers.get("Content-Range"))
         elif resp.status == 200:
             start = 0
         else:
             raise NetworkError(f"{remote.key}: HTTP {resp.status}")
-        yield start, resp.content.iter_chunked(1 << 20)
+        yield start, _body(resp)
 
 
 @asynccontextmanager

@@ -276,7 +276,7 @@ async def open_s3(
                         Bucket=url.bucket, Key=_object_key(remote), IfMatch=_etag(remote),
                         **ranged,
                     )  # fmt: skip
-                    start = content_range_start(str(resp.get("ContentRange", ""))) if ranged else 0
+                    start = content_range_start(resp.get("ContentRange")) if ranged else 0
                     body = resp["Body"]
                     # The body itself reads: what ``async with`` returns differs between
                     # aiobotocore releases (the raw aiohttp response before 3.x).

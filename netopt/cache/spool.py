@@ -42,6 +42,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from netopt.cache.remotefiles import RemoteFile, at_most
+from netopt.dataplane.manifestpieces import PiecesBroken, content_range
 from netopt.errors import NetworkError, ProtocolError
 
 __all__ = [
@@ -94,12 +95,15 @@ def parts_worth(remote: RemoteFile) -> bool:
     return remote.ranges and remote.size_bytes >= PARTS_MIN_BYTES
 
 
-def content_range_start(content_range: str) -> int:
-    """The first byte of a ``Content-Range: bytes FIRST-LAST/TOTAL`` answer; -1 when it
-    is malformed (a resumed download then refuses the answer)."""
-    unit, _, spec = content_range.strip().partition(" ")
-    first, dash, _ = spec.partition("-")
-    return int(first) if unit == "bytes" and dash and first.isdigit() and len(first) < 20 else -1
+def content_range_start(header: str | None) -> int:
+    """The first byte of a ranged answer, by its ``Content-Range`` (read by the project's
+    one parser of it, `netopt.dataplane.manifestpieces.content_range`); -1 when it is
+    missing or malformed (a resumed download then refuses the answer)."""
+    try:
+        start, _, _ = content_range(header)
+    except PiecesBroken:
+        return -1
+    return -1 if start is None else start
 
 
 class Spool:

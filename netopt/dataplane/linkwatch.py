@@ -90,9 +90,6 @@ class TrackedSockets:
     def add(self, sock: socket.socket) -> None:
         self._made_s[sock] = time.monotonic()
 
-    def __len__(self) -> int:
-        return len(self._made_s)
-
     def drop_unheard(self, quiet_s: float, probe_started_s: float) -> int:
         """Shut down every open socket that `unheard` says the cut left dead: a read on it
         then ends and a connect fails, now rather than on TCP's timers. Returns how many."""
