@@ -31,6 +31,7 @@ from netopt.cache.remotefiles import (
     build_entries,
     file_mtime_ns,
     load_state,
+    read_up_to,
     save_state,
 )
 from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, parts_worth
@@ -39,9 +40,19 @@ from netopt.dataplane.httpsource import ClientOptions
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
 from netopt.transfer.manifest import Manifest, validate_rel_path
 
-__all__ = ["MAX_DEPTH", "MAX_FILES", "HttpDirSource", "list_links", "open_http_dir"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_FILES",
+    "MAX_PAGE_BYTES",
+    "HttpDirSource",
+    "list_links",
+    "open_http_dir",
+]
 
 MAX_DEPTH = 16
+MAX_PAGE_BYTES = 64 << 20
+"""The longest listing page read (nginx's autoindex of `MAX_FILES` files is ~15 MB): a
+server that sends more is refused, not held in memory."""
 DESCRIBES_AT_ONCE = 32
 """Files listed at once (a HEAD, or the GET of a file not synced before): one at a
 time, listing 4,800 files over a 140 ms link took 4,800 round trips (11 minutes)."""
@@ -88,13 +99,20 @@ class HttpDirSource(SpooledChunkSource):
         url = remote.key
         try:
             async with self.session.get(url, headers=headers) as resp:
-                if resp.status not in (200, 206):
+                if resp.status == 206:
+                    body = await read_up_to(resp.content.read, length + 1)
+                    if len(body) > length:
+                        raise ProtocolError(f"{url}: a range of {length} bytes answered longer")
+                    data = body
+                elif resp.status == 200:
+                    # A server without range support sends the whole file: only what
+                    # ends at the range is read (and counted), then the answer dropped.
+                    body = await read_up_to(resp.content.read, offset + length)
+                    data = body[offset:]
+                else:
                     raise NetworkError(f"{url}: HTTP {resp.status}")
-                body = await resp.read()
         except aiohttp.ClientError as exc:
             raise NetworkError(f"{url}: {type(exc).__name__}: {exc}") from exc
-        # A server without range support sends the whole file: slice it (and count it all).
-        data = body if resp.status == 206 else body[offset : offset + length]
         return RawChunk(data, "identity", len(body))
 
 
@@ -107,7 +125,9 @@ async def _crawl(session: aiohttp.ClientSession, base: str) -> tuple[list[str], 
         async with session.get(page) as resp:
             if resp.status != 200:
                 raise NetworkError(f"{page}: HTTP {resp.status}")
-            body = await resp.read()
+            body = await read_up_to(resp.content.read, MAX_PAGE_BYTES + 1)
+            if len(body) > MAX_PAGE_BYTES:
+                raise ProtocolError(f"{page}: a listing page over {MAX_PAGE_BYTES} bytes")
             wire_bytes += len(body)
         found, subdirs = list_links(body.decode("utf-8", "replace"), page, base)
         files.extend(found)

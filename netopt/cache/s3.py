@@ -32,6 +32,7 @@ from netopt.cache.remotefiles import (
     build_entries,
     file_mtime_ns,
     load_state,
+    read_up_to,
     save_state,
 )
 from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
@@ -188,10 +189,11 @@ class S3ChunkSource(SpooledChunkSource):
             )
             stream = resp["Body"]
             async with stream:  # read from the body itself (see `open_s3`'s download)
-                body = bytes(await stream.read())
+                # A service without range support sends the whole object: only what ends
+                # at the range is read (and counted), so no answer is held past it.
+                body = await read_up_to(stream.read, offset + length)
         except _boto_errors() as exc:
             raise s3_error(exc, self.url, self.endpoint) from exc
-        # A service without range support sends the whole object: slice it (and count it all).
         data = body[offset : offset + length] if len(body) > length else body
         return RawChunk(data, "identity", len(body))
 

@@ -22,7 +22,8 @@ joined when all are in: the origin's congestion control sets one connection's ra
 and a loss-based one holds it to a few Mbit/s on a lossy long link.
 
 A download never grows past its listed size: an answer that goes on is cut there and
-fails the try, as one that ends short does. The
+fails the try, as one that ends short does; one listed without a size stops at
+`UNSIZED_MAX_BYTES`. The
 spool is removed when the sync using it ends well, and kept when it fails, for the
 next try. Without a state directory it is a temporary directory, removed either way.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_PARTS",
     "PARTS_MIN_BYTES",
     "PART_BYTES",
+    "UNSIZED_MAX_BYTES",
     "FetchFrom",
     "FetchUnlisted",
     "Spool",
@@ -84,6 +86,10 @@ FetchUnlisted = Callable[
 """Ask for the file ``key`` not listed yet, from where a kept download (the file as
 listed then, bytes kept) stopped if it is still that file: (the file as the answer lists
 it, the offset the answer starts at, its bytes)."""
+
+UNSIZED_MAX_BYTES = 4 << 30
+"""The most a download of a file listed without a size may take (a GET answered
+without ``Content-Length``): an unbounded one let a hostile origin fill the disk."""
 
 LISTED_ONLY = -1
 """The offset a `FetchUnlisted` answer gives for a file it only listed: one to download
@@ -239,6 +245,11 @@ class Spool:
                     # listing, on the open's next try, sees what it is now.
                     raise NetworkError(
                         f"{remote.key}: more than its listed {remote.size_bytes} bytes"
+                    )
+                if remote.size_bytes < 0 and size > UNSIZED_MAX_BYTES:
+                    raise ProtocolError(
+                        f"{remote.key}: listed without a size and over {UNSIZED_MAX_BYTES} "
+                        "bytes, the most such a file may take"
                     )
                 await asyncio.to_thread(f.write, piece)
         if 0 <= remote.size_bytes != size:

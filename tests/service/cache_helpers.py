@@ -6,7 +6,8 @@ import os
 import random
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,22 @@ def listing_page(names: Iterable[str]) -> web.Response:
     test origin of an ``http(s)://HOST/PATH/`` source answers it."""
     links = "".join(f'<a href="{name}">{name}</a>' for name in names)
     return web.Response(text=f"<html><body>{links}</body></html>", content_type="text/html")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def web_origin(listing: Handler, file: Handler) -> AsyncIterator[str]:
+    """A real aiohttp origin on loopback serving a directory at ``/ds/``: ``listing``
+    answers the page, ``file`` each ``/ds/{name}`` (GET and HEAD); its base URL."""
+    app = web.Application()
+    app.add_routes([web.get("/ds/", listing), web.get("/ds/{name}", file)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/ds/"
+    finally:
+        await runner.cleanup()

@@ -24,7 +24,7 @@ from netopt.cache.spool import PARTS_MIN_BYTES, part_bounds
 from netopt.cache.syncer import run_sync
 from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import NetworkError
-from tests.service.cache_helpers import listing_page, request, tree
+from tests.service.cache_helpers import listing_page, request, tree, web_origin
 
 BIG_BYTES = 3 << 20
 CUT_AT = 1_300_000
@@ -96,16 +96,8 @@ async def origin() -> AsyncIterator[tuple[Origin, str]]:
             "small.txt": b"a small file\n" * 100,
         }
     )
-    app = web.Application()
-    app.add_routes([web.get("/ds/", served.listing), web.get("/ds/{name}", served.file)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield served, f"http://127.0.0.1:{runner.addresses[0][1]}/ds/"
-    finally:
-        await runner.cleanup()
+    async with web_origin(served.listing, served.file) as url:
+        yield served, url
 
 
 def _options(window_s: float) -> SyncOptions:
