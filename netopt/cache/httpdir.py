@@ -203,7 +203,8 @@ async def _get_from(
     session: aiohttp.ClientSession, remote: RemoteFile, offset: int, end: int | None
 ) -> AsyncIterator[tuple[int, AsyncIterable[bytes]]]:
     """`netopt.cache.spool.FetchFrom` for a web server: a ranged GET naming the listed
-    validator when resuming or asking for a part; a 200 answer is the whole file again."""
+    validator when resuming or asking for a part; a 200 answer is the whole file again
+    (NetworkError for a part: it changed)."""
     ranged = offset or end is not None
     if_range = _if_range(remote.validator) if ranged else None
     last = "" if end is None else str(end - 1)
@@ -211,6 +212,10 @@ async def _get_from(
     async with session.get(remote.key, headers=headers) as resp:
         if resp.status == 206 and headers:
             start = content_range_start(resp.headers.get("Content-Range"))
+        elif resp.status == 200 and end is not None:
+            # A part answered whole: the file changed (If-Range), so its parts would mix
+            # two versions. The open's next try lists it again.
+            raise NetworkError(f"{remote.key}: changed since it was listed")
         elif resp.status == 200:
             start = 0
         else:

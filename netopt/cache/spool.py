@@ -16,10 +16,14 @@ key and remembers the validator (size, ETag, Last-Modified) it was started for:
 - one of another validator, or longer than its file, is started again.
 
 A file of `PARTS_MIN_BYTES` or more from an origin that serves ranges comes in parts
-at once (up to `MAX_PARTS`, `PART_BYTES` or more each, as ``aria2c -x`` splits one),
-each on its own connection, in its own file (``.pNofM``) resumed from its own length, and
-joined when all are in: the origin's congestion control sets one connection's rate,
-and a loss-based one holds it to a few Mbit/s on a lossy long link.
+at once, on up to `MAX_PARTS` connections (as ``aria2c -x`` splits one): the origin's
+congestion control sets one connection's rate, and a loss-based one holds it to a few
+Mbit/s on a lossy long link. The parts are not fixed: a connection whose part is in
+takes the second half of the part with the most left (while that half is `PART_BYTES`
+or more), so no connection idles while a slow one holds the file back. Each part is
+its own file, named by the byte it starts at (``.atN``) and holding bytes from there
+on, so a kill or a cut leaves files that say exactly which bytes are in: the next try
+asks only for the bytes between them. The files are joined when all bytes are in.
 
 A download never grows past its listed size: an answer that goes on is cut there and
 fails the try, as one that ends short does; one listed without a size stops at
@@ -31,6 +35,7 @@ next try. Without a state directory it is a temporary directory, removed either 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import fcntl
 import hashlib
@@ -41,6 +46,7 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from netopt.cache.remotefiles import RemoteFile, at_most
 from netopt.dataplane.manifestpieces import PiecesBroken, content_range
@@ -56,9 +62,10 @@ __all__ = [
     "FetchUnlisted",
     "Spool",
     "content_range_start",
+    "missing_spans",
     "open_spool",
-    "part_bounds",
     "parts_worth",
+    "split_spans",
 ]
 
 FetchFrom = Callable[
@@ -75,9 +82,10 @@ origin's congestion control, which a loss-based one (reno, cubic) holds to a few
 so the rate grows with the connections (on the lab, 5 Parquet files of 20 MB in 4 parts
 each took 85 s from a reno origin, `aria2c -x16` 21 s)."""
 PART_BYTES = 1 << 20
-"""The smallest part (``aria2c -k 1M``)."""
+"""The smallest part (``aria2c -k 1M``): a part is split only while both halves keep this
+much."""
 MAX_PARTS = 16
-"""The most parts of one file (each its own connection; ``aria2c -x16``)."""
+"""The most connections one file's parts use at once (``aria2c -x16``)."""
 
 FetchUnlisted = Callable[
     [str, "tuple[RemoteFile, int] | None"],
@@ -130,20 +138,35 @@ class Spool:
             listed = RemoteFile(**json.loads(meta.read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        # No download file yet: none begun, or one in parts (``.pNofM``, each resumed alone).
+        # No download file yet: none begun, or one in parts (``.atN``, each resumed alone).
         return (listed, _size_or_zero(data)) if listed.key == key else None
 
-    def _part_paths(self, key: str, count: int) -> list[Path]:
-        """Where the ``count`` parts of ``key`` are kept: named by their count too, so a
-        part is resumed only within the split it began in (`part_bounds` of the size)."""
+    def _part_path(self, key: str, first: int) -> Path:
+        """The file of ``key``'s part that starts at byte ``first``."""
         data, _ = self._paths(key)
-        return [data.with_name(f"{data.name}.p{i}of{count}") for i in range(count)]
+        return data.with_name(f"{data.name}.at{first}")
+
+    def _kept_parts(self, remote: RemoteFile) -> list[tuple[int, Path, int]]:
+        """(first byte, file, bytes in it) of each part of ``remote`` kept (blocking), in
+        order of first byte; bytes past the file's listed size are not counted."""
+        data, _ = self._paths(remote.key)
+        kept: list[tuple[int, Path, int]] = []
+        prefix = f"{data.name}.at"
+        for path in data.parent.glob(f"{prefix}*"):
+            first_text = path.name[len(prefix) :]
+            if not first_text.isdigit() or len(first_text) > 20:
+                continue  # not a part file of this release
+            first = int(first_text)
+            have = min(_size_or_zero(path), remote.size_bytes - first)
+            if have > 0:
+                kept.append((first, path, have))
+        return sorted(kept, key=lambda k: k[0])
 
     def _begin(self, remote: RemoteFile) -> None:
         """Start ``remote``'s download afresh (blocking): its listing kept, no bytes."""
         data, meta = self._paths(remote.key)
         data.unlink(missing_ok=True)
-        for stale in data.parent.glob(f"{data.name}.p*"):
+        for stale in data.parent.glob(f"{data.name}.*"):  # parts (also an older release's)
             stale.unlink(missing_ok=True)
         meta.write_text(json.dumps(dataclasses.asdict(remote)))
 
@@ -180,30 +203,70 @@ class Spool:
         return data, got
 
     async def _download_parts(self, remote: RemoteFile, fetch_from: FetchFrom) -> int:
-        """``remote`` in parts at once, each its own file (``.pNofM``) resumed from its
-        length, then joined into its download: the bytes taken on the wire."""
-        data, _ = self._paths(remote.key)
-        bounds = part_bounds(remote.size_bytes)
-        count = len(bounds)
-        parts = self._part_paths(remote.key, count)
+        """``remote`` in parts at once (see the module doc), the bytes kept from an earlier
+        try not asked for again, then joined into its download: the bytes taken."""
+        kept = await asyncio.to_thread(self._kept_parts, remote)
+        spans = missing_spans([(first, have) for first, _, have in kept], remote.size_bytes)
+        missing_bytes = sum(end - first for first, end in spans)
+        connections = min(MAX_PARTS, max(len(spans), missing_bytes // PART_BYTES))
+        planned = split_spans(spans, connections)
+        waiting = collections.deque(_Span(first, first, end) for first, end in planned)
+        active: list[_Span] = []
+        got = 0
 
-        async def part(index: int) -> int:
-            first, end = bounds[index]
-            have = await asyncio.to_thread(_size_or_zero, parts[index])
-            if have > end - first:
-                have = 0
-            if first + have == end:
-                return 0
-            async with fetch_from(remote, first + have, end) as (start, pieces):
-                if start != first + have:
-                    raise ProtocolError(
-                        f"{remote.key}: answered from byte {start}, asked {first + have}"
-                    )
-                return await _append(parts[index], have, end - first, pieces, remote.key)
+        async def connection(_: int) -> None:
+            nonlocal got
+            while (span := waiting.popleft() if waiting else _take_half(active)) is not None:
+                active.append(span)
+                try:
+                    taken = await self._fetch_part(remote, span, fetch_from)
+                    got += taken  # not ``got += await``: that reads ``got`` before the wait
+                finally:
+                    active.remove(span)
 
-        got = sum(await at_most(count, count, part))
-        await asyncio.to_thread(_join, data, parts)
+        await at_most(connections, connections, connection)
+        await asyncio.to_thread(self._join, remote)
         return got
+
+    async def _fetch_part(self, remote: RemoteFile, span: _Span, fetch_from: FetchFrom) -> int:
+        """``span``'s bytes into its own part file, up to its end, which may move down
+        while they come (another connection took the rest): the bytes taken."""
+        path = self._part_path(remote.key, span.first)
+        async with fetch_from(remote, span.first, span.end) as (start, pieces):
+            if start != span.first:
+                raise ProtocolError(f"{remote.key}: answered from byte {start}, asked {span.first}")
+            with path.open("wb") as f:
+                async for piece in pieces:
+                    take = min(len(piece), span.end - span.next)
+                    # Counted before the write: a connection taking half of this part
+                    # meanwhile splits it after these bytes.
+                    span.next += take
+                    await asyncio.to_thread(f.write, piece[:take])
+                    if span.next >= span.end:
+                        break  # the rest was not asked for, or another connection has it
+        if span.next < span.end:
+            raise NetworkError(f"{remote.key}: a part ended at byte {span.next} of {span.end}")
+        return span.next - span.first
+
+    def _join(self, remote: RemoteFile) -> None:
+        """The kept parts, in order, as ``remote``'s download (blocking); each part
+        removed once copied. NetworkError when they leave a byte out."""
+        data, _ = self._paths(remote.key)
+        parts = self._kept_parts(remote)
+        done = 0
+        with data.open("wb") as out:
+            for first, path, have in parts:
+                if first > done:
+                    raise NetworkError(f"{remote.key}: bytes {done}-{first - 1} never came")
+                if first + have > done:
+                    with path.open("rb") as f:
+                        f.seek(done - first)
+                        _copy(f, out, first + have - done)
+                    done = first + have
+        if done != remote.size_bytes:
+            raise NetworkError(f"{remote.key}: ended at byte {done} of {remote.size_bytes}")
+        for _, path, _ in parts:
+            path.unlink()
 
     async def download_unlisted(
         self, key: str, fetch: FetchUnlisted
@@ -264,39 +327,63 @@ def _size_or_zero(path: Path) -> int:
         return 0
 
 
-def part_bounds(size_bytes: int) -> list[tuple[int, int]]:
-    """A file's parts: (first byte, end byte exclusive) of each, in order."""
-    count = min(MAX_PARTS, max(1, size_bytes // PART_BYTES))
-    return [(size_bytes * i // count, size_bytes * (i + 1) // count) for i in range(count)]
+def missing_spans(kept: list[tuple[int, int]], size_bytes: int) -> list[tuple[int, int]]:
+    """The (first byte, end byte exclusive) of each run of a file's ``size_bytes`` that
+    no kept part holds; ``kept``: (first byte, bytes held) of each part, in order."""
+    spans: list[tuple[int, int]] = []
+    done = 0
+    for first, have in kept:
+        if first > done:
+            spans.append((done, first))
+        done = max(done, first + have)
+    if done < size_bytes:
+        spans.append((done, size_bytes))
+    return spans
 
 
-async def _append(
-    path: Path, have: int, length: int, pieces: AsyncIterable[bytes], key: str
-) -> int:
-    """Write ``pieces`` to the part file ``path`` after its first ``have`` bytes, up to
-    ``length`` in all: the bytes taken. NetworkError when they end short or go past."""
-    got = 0
-    with path.open("r+b" if have else "wb") as f:
-        f.truncate(have)
-        f.seek(have)
-        async for piece in pieces:
-            got += len(piece)
-            if have + got > length:
-                raise NetworkError(f"{key}: a part answered past its {length} bytes")
-            await asyncio.to_thread(f.write, piece)
-    if have + got != length:
-        raise NetworkError(f"{key}: a part ended at byte {have + got} of {length}")
-    return got
+def split_spans(spans: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+    """``spans`` (first byte, end byte exclusive) cut into up to ``count`` parts, each
+    split taking the second half of the largest while both halves keep `PART_BYTES`;
+    in order of first byte. A connection that is done later takes halves the same way."""
+    parts = [_Span(first, first, end) for first, end in spans]
+    while len(parts) < count and (half := _take_half(parts)) is not None:
+        parts.append(half)
+    return sorted((part.first, part.end) for part in parts)
 
 
-def _join(data: Path, parts: list[Path]) -> None:
-    """The parts, in order, as ``data`` (blocking); each part removed once copied."""
-    with data.open("wb") as out:
-        for part in parts:
-            with part.open("rb") as f:
-                shutil.copyfileobj(f, out, 1 << 20)
-    for part in parts:
-        part.unlink()
+@dataclasses.dataclass
+class _Span:
+    """A part being downloaded: bytes ``first`` to ``end`` (exclusive), ``next`` the next
+    to come; ``end`` moves down when another connection takes the rest."""
+
+    first: int
+    next: int
+    end: int
+
+
+def _take_half(active: list[_Span]) -> _Span | None:
+    """The second half of the part with the most bytes still to come, taken from it (its
+    end moved to the half); None while no part has two `PART_BYTES` left."""
+    if not active:
+        return None
+    most = max(active, key=lambda span: span.end - span.next)
+    left = most.end - most.next
+    if left < 2 * PART_BYTES:
+        return None
+    half = most.next + left // 2
+    taken = _Span(half, half, most.end)
+    most.end = half
+    return taken
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, count: int) -> None:
+    """``count`` bytes from ``src``'s position to ``dst``'s (blocking)."""
+    while count > 0:
+        piece = src.read(min(count, 1 << 20))
+        if not piece:
+            raise OSError(f"{src.name}: shorter than it was a moment ago")
+        dst.write(piece)
+        count -= len(piece)
 
 
 @asynccontextmanager

@@ -16,7 +16,7 @@ import pytest
 
 from netopt.cache.s3 import S3Options, S3Url, object_rel_path, parse_s3_url
 from netopt.cache.sources import SourceOptions
-from netopt.cache.spool import PARTS_MIN_BYTES, part_bounds
+from netopt.cache.spool import MAX_PARTS, PART_BYTES, PARTS_MIN_BYTES, split_spans
 from netopt.cache.syncer import run_sync
 from netopt.cli.main import main
 from netopt.dataplane.synctypes import SyncOptions
@@ -245,4 +245,7 @@ async def test_a_large_object_comes_in_ranged_parts(tmp_path: Path, moto_endpoin
     assert tree(dest) == objects
     assert report.wire_bytes == len(objects["large.bin"])  # each byte once
     # The listing, then a connection per part.
-    assert proxy.connections >= 1 + len(part_bounds(len(objects["large.bin"])))
+    size = len(objects["large.bin"])
+    assert proxy.connections >= 1 + len(
+        split_spans([(0, size)], min(MAX_PARTS, size // PART_BYTES))
+    )

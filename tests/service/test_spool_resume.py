@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 import netopt.cache.spool as spool_module
-from netopt.cache.spool import PARTS_MIN_BYTES, part_bounds
+from netopt.cache.spool import MAX_PARTS, PARTS_MIN_BYTES, missing_spans, split_spans
 from netopt.cache.syncer import run_sync
 from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import NetworkError
@@ -47,6 +47,9 @@ class Origin:
     """Say ``Accept-Ranges: bytes``: a large file is then asked for in parts."""
     cut_ranged: list[int] = field(default_factory=list)
     """Cut the next ranged GETs of ``large.bin`` after this many body bytes."""
+    slow_first_ranged: bool = False
+    """Send the first ranged GET of ``large.bin`` slowly (`SLOW_PIECE_BYTES` a
+    `SLOW_PAUSE_S`), as one connection held back by loss is."""
 
     async def listing(self, request: web.Request) -> web.Response:
         return listing_page(self.files)
@@ -74,6 +77,11 @@ class Origin:
         limit = self.cuts.pop(0) if name == "big.bin" and self.cuts else len(body)
         if name == "large.bin" and status == 206 and self.cut_ranged:
             limit = self.cut_ranged.pop(0)
+        slow = name == "large.bin" and status == 206 and self.slow_first_ranged
+        self.slow_first_ranged &= not slow
+        if slow:
+            await _send_slowly(resp, body, self.gets, (name, asked))
+            return resp
         await resp.write(body[:limit])
         self.gets.append((name, asked, min(limit, len(body))))
         if limit < len(body):
@@ -86,6 +94,31 @@ class Origin:
             return resp
         await resp.write_eof()
         return resp
+
+
+SLOW_PIECE_BYTES = 64 << 10
+SLOW_PAUSE_S = 0.05
+
+
+async def _send_slowly(
+    resp: web.StreamResponse,
+    body: bytes,
+    gets: list[tuple[str, str | None, int]],
+    get: tuple[str, str | None],
+) -> None:
+    """``body`` a piece at a time, until the client has it or goes away; what was sent
+    recorded in ``gets`` either way."""
+    sent = 0
+    try:
+        while sent < len(body):
+            await resp.write(body[sent : sent + SLOW_PIECE_BYTES])
+            sent = min(len(body), sent + SLOW_PIECE_BYTES)
+            await asyncio.sleep(SLOW_PAUSE_S)
+        await resp.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass  # the client stopped reading and went away
+    finally:
+        gets.append((*get, sent))
 
 
 @pytest.fixture
@@ -207,42 +240,83 @@ async def test_a_server_sending_more_than_the_listed_size_cannot_grow_the_spool(
     assert max(p.stat().st_size for p in spool.glob("*.part")) <= BIG_BYTES
 
 
+def _ranged_spans(served: Origin, since: int = 0) -> list[tuple[int, int, int]]:
+    """(first byte, end byte exclusive, bytes sent) of each ranged GET of ``large.bin``
+    from the ``since``-th GET on."""
+    spans = []
+    for name, asked, sent in served.gets[since:]:
+        if name == "large.bin" and asked:
+            first, _, last = asked.removeprefix("bytes=").partition("-")
+            spans.append((int(first), int(last) + 1, sent))
+    return spans
+
+
+def _planned(size: int) -> list[tuple[int, int]]:
+    """The parts a fresh download of a file of ``size`` bytes asks for first."""
+    return split_spans([(0, size)], min(MAX_PARTS, size // (1 << 20)))
+
+
 async def test_a_large_file_comes_in_ranged_parts_and_a_cut_part_resumes(
     tmp_path: Path, origin: tuple[Origin, str]
 ) -> None:
     served, url = origin
     large = os.urandom(PARTS_MIN_BYTES * 3 + 12_345)
-    bounds = part_bounds(len(large))
-    assert len(bounds) > 1
+    planned = _planned(len(large))
+    assert len(planned) > 1
     served.files = {"large.bin": large, "small.txt": b"small\n"}
     served.accept_ranges = True
-    cut_at = (bounds[1][1] - bounds[1][0]) // 2
+    cut_at = (planned[1][1] - planned[1][0]) // 2
     served.cut_ranged = [cut_at]
     cache, dest = tmp_path / "cache", tmp_path / "dest"
     report = await run_sync(request(url, dest, cache, sync_options=_options(10)))
     assert tree(dest) == served.files
-    ranged = [(asked, sent) for name, asked, sent in served.gets if name == "large.bin" and asked]
-    spans = {tuple(int(x) for x in asked.removeprefix("bytes=").split("-")) for asked, _ in ranged}
+    ranged = _ranged_spans(served)
+    asked = {(first, end) for first, end, _ in ranged}
     # The GET that listed the file was dropped; then each part asked by range ...
-    wanted = {(first, end - 1) for first, end in bounds}
-    assert wanted <= spans
-    resumed = spans - wanted
+    assert set(planned) <= asked
+    resumed = asked - set(planned)
     assert len(resumed) == 1  # ... one cut, and asked again from where it stopped
-    ((first, last),) = resumed
-    part = next(b for b in bounds if b[0] < first < b[1])
+    ((first, end),) = resumed
+    part = next(p for p in planned if p[0] < first < p[1])
     assert first - part[0] <= cut_at
-    assert last == part[1] - 1  # the rest of that part only
+    assert end == part[1]  # the rest of that part only
     # Moved once, but for the cut part's lost tail and what the listing GET had in flight.
-    assert sum(sent for _, sent in ranged) < len(large) + cut_at
+    assert sum(sent for _, _, sent in ranged) < len(large) + cut_at
     assert report.overhead_bytes < len(large) + (2 << 20)
     assert _spools(cache) == []
 
 
-async def test_parts_kept_from_another_split_are_not_mixed_in(
+async def test_a_slow_part_is_shared_by_a_connection_that_is_done(
     tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Parts left by a failed run are resumed only within the same split: a netopt that
-    splits the file otherwise (another release) starts its own parts."""
+    """A connection whose part is in takes the second half of the part with the most
+    left, so one slow connection does not hold the file back: that part's connection
+    stops at the half, and another asks for the rest."""
+    served, url = origin
+    monkeypatch.setattr(spool_module, "MAX_PARTS", 2)
+    large = os.urandom(8 << 20)
+    served.files = {"large.bin": large}
+    served.accept_ranges = True
+    served.slow_first_ranged = True  # 4 MiB at 64 KiB a 50 ms: 3.2 s alone
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    ranged = _ranged_spans(served)
+    (slow,) = [(first, end, sent) for first, end, sent in ranged if (first, end) in [
+        span for span in split_spans([(0, len(large))], 2)
+    ] and sent < end - first]  # fmt: skip
+    taken = [first for first, end, _ in ranged if slow[0] < first < slow[1]]
+    assert len(taken) == 1  # its second half came on the other connection
+    assert slow[2] < taken[0] - slow[0] + (1 << 20)  # the slow one stopped near the half
+    assert _spools(cache) == []
+
+
+async def test_kept_parts_are_not_asked_again_under_another_split(
+    tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts left by a failed run are named by their first byte, so the next run asks
+    only for the bytes between them, even one that splits the file otherwise (another
+    release), and joins a file of one version."""
     served, url = origin
     large = os.urandom(PARTS_MIN_BYTES * 3 + 12_345)
     served.files = {"large.bin": large}
@@ -252,8 +326,17 @@ async def test_parts_kept_from_another_split_are_not_mixed_in(
     with pytest.raises(NetworkError):
         await run_sync(request(url, dest, cache, sync_options=_options(0)))
     (spool,) = _spools(cache)
-    assert list(spool.glob("*.part.p*"))  # parts kept for the next run
+    kept = []
+    for path in spool.glob("*.part.at*"):
+        first = int(path.name.rpartition(".at")[2])
+        kept.append((first, path.stat().st_size))
+    kept_bytes = sum(have for _, have in kept)
+    assert 200_000 <= kept_bytes < len(large)  # parts kept for the next run
     monkeypatch.setattr(spool_module, "MAX_PARTS", 5)
-    assert len(part_bounds(len(large))) == 5
+    since = len(served.gets)
     await run_sync(request(url, dest, cache, sync_options=_options(0)))
     assert tree(dest) == served.files
+    missing = missing_spans(sorted(kept), len(large))
+    for first, end, _ in _ranged_spans(served, since):
+        # Each ask lies within bytes that were missing: none kept is asked again.
+        assert any(a <= first and end <= b for a, b in missing), (first, end, missing)
