@@ -75,12 +75,14 @@ FetchFrom = Callable[
 None: to its end): (the offset the answer starts at, either ``offset`` or 0, and its
 bytes)."""
 
-PARTS_MIN_BYTES = 4 << 20
+PARTS_MIN_BYTES = 2 << 20
 """A file at least this large, from an origin that serves ranges, is downloaded in parts
-at once, as ``aria2c -x`` does: one connection's rate on a lossy long link is set by the
-origin's congestion control, which a loss-based one (reno, cubic) holds to a few Mbit/s,
-so the rate grows with the connections (on the lab, 5 Parquet files of 20 MB in 4 parts
-each took 85 s from a reno origin, `aria2c -x16` 21 s)."""
+at once, as ``aria2c -x`` does (two `PART_BYTES` or more): one connection's rate on a
+lossy long link is set by the origin's congestion control, which a loss-based one (reno,
+cubic) holds to a few Mbit/s, so the rate grows with the connections (on the lab, 5
+Parquet files of 20 MB in 4 parts each took 85 s from a reno origin, `aria2c -x16` 21
+s; with a 3.3 MB file among them on one connection, 42-44 s: that file alone took ~26
+s)."""
 PART_BYTES = 1 << 20
 """The smallest part (``aria2c -k 1M``): a part is split only while both halves keep this
 much."""
@@ -342,13 +344,19 @@ def missing_spans(kept: list[tuple[int, int]], size_bytes: int) -> list[tuple[in
 
 
 def split_spans(spans: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
-    """``spans`` (first byte, end byte exclusive) cut into up to ``count`` parts, each
-    split taking the second half of the largest while both halves keep `PART_BYTES`;
-    in order of first byte. A connection that is done later takes halves the same way."""
-    parts = [_Span(first, first, end) for first, end in spans]
-    while len(parts) < count and (half := _take_half(parts)) is not None:
-        parts.append(half)
-    return sorted((part.first, part.end) for part in parts)
+    """``spans`` (first byte, end byte exclusive) cut into about ``count`` equal parts
+    (``aria2c -x``): each span its share of ``count`` by its length, at least one, and
+    no more than it holds `PART_BYTES`; in order of first byte."""
+    total = sum(end - first for first, end in spans)
+    parts: list[tuple[int, int]] = []
+    for first, end in spans:
+        length = end - first
+        share = round(count * length / total) if total else 1
+        cuts = max(1, min(share, length // PART_BYTES))
+        parts += [
+            (first + length * i // cuts, first + length * (i + 1) // cuts) for i in range(cuts)
+        ]
+    return parts
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +43,18 @@ class Origin:
     extra_bytes: int = 0
     """Bytes sent after ``big.bin``'s own (a hostile or changing server)."""
     gets: list[tuple[str, str | None, int]] = field(default_factory=list)
-    """(name, Range header, body bytes sent) of each GET."""
+    """(name, Range header, body bytes sent) of each GET, once it has ended."""
+    slow_running: int = 0
+    """Slow answers being sent."""
+    slow_idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while no slow answer is being sent."""
     accept_ranges: bool = False
     """Say ``Accept-Ranges: bytes``: a large file is then asked for in parts."""
     cut_ranged: list[int] = field(default_factory=list)
     """Cut the next ranged GETs of ``large.bin`` after this many body bytes."""
-    slow_first_ranged: bool = False
-    """Send the first ranged GET of ``large.bin`` slowly (`SLOW_PIECE_BYTES` a
-    `SLOW_PAUSE_S`), as one connection held back by loss is."""
+    slow_ranged: int = 0
+    """Send the next this many ranged GETs of ``large.bin`` slowly (`SLOW_PIECE_BYTES` a
+    `SLOW_PAUSE_S`), as connections held back by loss are."""
 
     async def listing(self, request: web.Request) -> web.Response:
         return listing_page(self.files)
@@ -77,10 +82,17 @@ class Origin:
         limit = self.cuts.pop(0) if name == "big.bin" and self.cuts else len(body)
         if name == "large.bin" and status == 206 and self.cut_ranged:
             limit = self.cut_ranged.pop(0)
-        slow = name == "large.bin" and status == 206 and self.slow_first_ranged
-        self.slow_first_ranged &= not slow
+        slow = name == "large.bin" and status == 206 and self.slow_ranged > 0
         if slow:
-            await _send_slowly(resp, body, self.gets, (name, asked))
+            self.slow_ranged -= 1
+            self.slow_running += 1
+            self.slow_idle.clear()
+            try:
+                await _send_slowly(resp, body, self.gets, (name, asked))
+            finally:
+                self.slow_running -= 1
+                if not self.slow_running:
+                    self.slow_idle.set()
             return resp
         await resp.write(body[:limit])
         self.gets.append((name, asked, min(limit, len(body))))
@@ -297,7 +309,7 @@ async def test_a_slow_part_is_shared_by_a_connection_that_is_done(
     large = os.urandom(8 << 20)
     served.files = {"large.bin": large}
     served.accept_ranges = True
-    served.slow_first_ranged = True  # 4 MiB at 64 KiB a 50 ms: 3.2 s alone
+    served.slow_ranged = 1  # 4 MiB at 64 KiB a 50 ms: 3.2 s alone
     cache, dest = tmp_path / "cache", tmp_path / "dest"
     await run_sync(request(url, dest, cache, sync_options=_options(0)))
     assert tree(dest) == served.files
@@ -325,11 +337,7 @@ async def test_kept_parts_are_not_asked_again_under_another_split(
     cache, dest = tmp_path / "cache", tmp_path / "dest"
     with pytest.raises(NetworkError):
         await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    (spool,) = _spools(cache)
-    kept = []
-    for path in spool.glob("*.part.at*"):
-        first = int(path.name.rpartition(".at")[2])
-        kept.append((first, path.stat().st_size))
+    kept = _kept_parts(cache)
     kept_bytes = sum(have for _, have in kept)
     assert 200_000 <= kept_bytes < len(large)  # parts kept for the next run
     monkeypatch.setattr(spool_module, "MAX_PARTS", 5)
@@ -340,3 +348,59 @@ async def test_kept_parts_are_not_asked_again_under_another_split(
     for first, end, _ in _ranged_spans(served, since):
         # Each ask lies within bytes that were missing: none kept is asked again.
         assert any(a <= first and end <= b for a, b in missing), (first, end, missing)
+
+
+async def test_a_killed_sync_leaves_parts_the_next_run_does_not_ask_again(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    """``netopt sync`` killed (-9) while a large file comes in parts: what the parts'
+    files hold on disk is never asked for again, and the file joins byte for byte."""
+    served, url = origin
+    large = os.urandom(12 << 20)
+    served.files = {"large.bin": large}
+    served.accept_ranges = True
+    served.slow_ranged = 1_000_000  # 12 parts of 1 MiB, ~0.8 s each
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    argv = [sys.executable, "-m", "netopt", "sync", url, str(dest), "--cache-dir", str(cache),
+            "--json", "--retry-window-s", "0"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(60):
+            while _kept_bytes(cache) < len(large) // 4:
+                assert proc.returncode is None, "the sync ended before it was killed"
+                await asyncio.sleep(0.05)
+    finally:
+        proc.kill()
+        await proc.wait()
+    kept = _kept_parts(cache)
+    assert 0 < sum(have for _, have in kept) < len(large)
+    served.slow_ranged = 0
+    async with asyncio.timeout(10):  # the killed run's answers have seen it go
+        await served.slow_idle.wait()
+    since = len(served.gets)
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    missing = missing_spans(kept, len(large))
+    asked = _ranged_spans(served, since)
+    assert asked
+    for first, end, _ in asked:
+        assert any(a <= first and end <= b for a, b in missing), (first, end, missing)
+    assert _spools(cache) == []
+
+
+def _kept_parts(cache: Path) -> list[tuple[int, int]]:
+    """(first byte, bytes on disk) of each part file in the cache's spools, in order."""
+    kept = []
+    for spool in _spools(cache):
+        for path in spool.glob("*.part.at*"):
+            kept.append((int(path.name.rpartition(".at")[2]), path.stat().st_size))
+    return sorted(kept)
+
+
+def _kept_bytes(cache: Path) -> int:
+    try:
+        return sum(have for _, have in _kept_parts(cache))
+    except OSError:  # a part renamed or removed while it was read
+        return 0
