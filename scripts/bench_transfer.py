@@ -545,7 +545,7 @@ def _run_tool(
     served = tool.startswith("netopt") and tool != "netopt-web"  # by a netopt server
     env = netopt_env(args.tls) if served else None
     trace_path = dest.parent / f"trace-{mode}-{name}.json"
-    if served and args.trace:
+    if tool.startswith("netopt") and args.trace:  # netopt-web too: its own timeline
         trace_path.unlink(missing_ok=True)
         env = {**netopt_env(args.tls), "NETOPT_TRACE": str(trace_path)}
     server_cpu_before_s = proc_cpu_s(server.pid)

@@ -19,11 +19,12 @@ A file of `PARTS_MIN_BYTES` or more from an origin that serves ranges comes in p
 at once, on up to `MAX_PARTS` connections (as ``aria2c -x`` splits one): the origin's
 congestion control sets one connection's rate, and a loss-based one holds it to a few
 Mbit/s on a lossy long link. The parts are not fixed: a connection whose part is in
-takes the second half of the part with the most left (while that half is `PART_BYTES`
-or more), so no connection idles while a slow one holds the file back. Each part is
-its own file, named by the byte it starts at (``.atN``) and holding bytes from there
-on, so a kill or a cut leaves files that say exactly which bytes are in: the next try
-asks only for the bytes between them. The files are joined when all bytes are in.
+takes the second half of the part with the most left (while that half is
+`TAKE_MIN_BYTES` or more), so no connection idles while a slow one holds the file
+back. Each part is its own file, named by the byte it starts at (``.atN``) and holding
+bytes from there on, so a kill or a cut leaves files that say exactly which bytes are
+in: the next try asks only for the bytes between them. The files are joined when all
+bytes are in.
 
 A download never grows past its listed size: an answer that goes on is cut there and
 fails the try, as one that ends short does; one listed without a size stops at
@@ -57,6 +58,7 @@ __all__ = [
     "MAX_PARTS",
     "PARTS_MIN_BYTES",
     "PART_BYTES",
+    "TAKE_MIN_BYTES",
     "UNSIZED_MAX_BYTES",
     "FetchFrom",
     "FetchUnlisted",
@@ -84,8 +86,12 @@ Parquet files of 20 MB in 4 parts each took 85 s from a reno origin, `aria2c -x1
 s; with a 3.3 MB file among them on one connection, 42-44 s: that file alone took ~26
 s)."""
 PART_BYTES = 1 << 20
-"""The smallest part (``aria2c -k 1M``): a part is split only while both halves keep this
-much."""
+"""The smallest part a file is cut into at first (``aria2c -k 1M``)."""
+TAKE_MIN_BYTES = 256 << 10
+"""The smallest half of a part a connection that is done takes over. With 1 MiB halves
+the last parts of a 100 MB file ran alone for ~4 s on the lab's bbr link (16 parts
+ended between 7.9 and 14.0 s); a half this size takes ~0.5 s on one connection there,
+several round trips more than asking for it costs."""
 MAX_PARTS = 16
 """The most connections one file's parts use at once (``aria2c -x16``)."""
 
@@ -371,12 +377,12 @@ class _Span:
 
 def _take_half(active: list[_Span]) -> _Span | None:
     """The second half of the part with the most bytes still to come, taken from it (its
-    end moved to the half); None while no part has two `PART_BYTES` left."""
+    end moved to the half); None while no part has two `TAKE_MIN_BYTES` left."""
     if not active:
         return None
     most = max(active, key=lambda span: span.end - span.next)
     left = most.end - most.next
-    if left < 2 * PART_BYTES:
+    if left < 2 * TAKE_MIN_BYTES:
         return None
     half = most.next + left // 2
     taken = _Span(half, half, most.end)
