@@ -401,8 +401,8 @@ def _kept_parts(cache: Path) -> list[tuple[int, int]]:
     """(first byte, bytes on disk) of each part file in the cache's spools, in order."""
     kept = []
     for spool in _spools(cache):
-        for path in spool.glob("*.part.at*"):
-            kept.append((int(path.name.rpartition(".at")[2]), path.stat().st_size))
+        for path in spool.glob("*.parts/at*"):
+            kept.append((int(path.name.removeprefix("at")), path.stat().st_size))
     return sorted(kept)
 
 
