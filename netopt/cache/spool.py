@@ -261,8 +261,8 @@ class Spool:
         return span.next - span.first
 
     def _join(self, remote: RemoteFile) -> None:
-        """The kept parts, in order, as ``remote``'s download (blocking); each part
-        removed once copied. NetworkError when they leave a byte out."""
+        """The kept parts, in order, as ``remote``'s download (blocking); their directory
+        removed once all are copied. NetworkError when they leave a byte out."""
         data, _ = self._paths(remote.key)
         parts = self._kept_parts(remote)
         done = 0
