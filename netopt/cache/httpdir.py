@@ -31,12 +31,12 @@ from netopt.cache.remotefiles import (
     build_entries,
     file_mtime_ns,
     load_state,
-    read_up_to,
     save_state,
 )
 from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, parts_worth
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
+from netopt.dataplane.limits import read_up_to
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
 from netopt.transfer.manifest import Manifest, validate_rel_path
 

@@ -37,7 +37,6 @@ __all__ = [
     "build_entries",
     "file_mtime_ns",
     "load_state",
-    "read_up_to",
     "save_state",
 ]
 
@@ -189,22 +188,6 @@ async def at_most(limit: int, count: int, call: Callable[[int], Awaitable[T]]) -
             task.cancel()
         await asyncio.gather(*slots, return_exceptions=True)
     return cast(list[T], results)
-
-
-async def read_up_to(read: Callable[[int], Awaitable[bytes]], limit_bytes: int) -> bytes:
-    """The first ``limit_bytes`` of a body read by ``read(n)`` (up to ``n`` bytes a call,
-    b"" at its end), or all of it when shorter. The rest is not read: an origin that
-    answers a range with more than asked, or with the whole file, costs no memory past
-    the bound."""
-    pieces: list[bytes] = []
-    left = limit_bytes
-    while left > 0:
-        piece = await read(min(left, 1 << 20))
-        if not piece:
-            break
-        pieces.append(piece)
-        left -= len(piece)
-    return b"".join(pieces)
 
 
 async def build_entries(

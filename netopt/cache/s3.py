@@ -32,13 +32,13 @@ from netopt.cache.remotefiles import (
     build_entries,
     file_mtime_ns,
     load_state,
-    read_up_to,
     save_state,
 )
 from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
 from netopt.cache.spool import content_range_start, open_spool
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
+from netopt.dataplane.limits import read_up_to
 from netopt.errors import (
     AuthenticationError,
     DependencyError,

@@ -8,6 +8,7 @@ import json
 import aiohttp
 
 from netopt.agent.trainjobs import MAX_FILES, PARTS, TrainJob, parse_train_file, train_file_name
+from netopt.dataplane.limits import read_up_to
 from netopt.errors import NetworkError, ProtocolError, ValidationError
 from netopt.webshell import parse_json_document
 
@@ -25,12 +26,7 @@ async def _get(url: str, timeout_s: float) -> bytes:
         ):
             if response.status != 200:
                 raise ProtocolError(f"agent {url} answered HTTP {response.status} for /v1/train")
-            body = b""
-            while len(body) <= MAX_BODY_BYTES:  # read() may return any part: to the end
-                part = await response.content.read(MAX_BODY_BYTES + 1 - len(body))
-                if not part:
-                    break
-                body += part
+            body = await read_up_to(response.content.read, MAX_BODY_BYTES + 1)
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise NetworkError(f"cannot reach the agent at {url}: {exc}") from None
     if len(body) > MAX_BODY_BYTES:

@@ -14,6 +14,7 @@ imports this before the interpreter has loaded aiohttp.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from netopt.errors import ProtocolError
@@ -35,6 +36,7 @@ __all__ = [
     "check_manifest_bounds",
     "check_manifest_shape",
     "max_chunk_bytes",
+    "read_up_to",
 ]
 
 MAX_INFO_BYTES = 1024 * 1024
@@ -129,3 +131,19 @@ def check_manifest_bounds(manifest: Manifest, max_entries: int = MAX_MANIFEST_EN
                     f"manifest: {entry.path}: a chunk of {ref.length_bytes} bytes, over the "
                     f"{longest_bytes} its chunking ({manifest.avg_chunk_bytes} average) allows"
                 )
+
+
+async def read_up_to(read: Callable[[int], Awaitable[bytes]], limit_bytes: int) -> bytes:
+    """The first ``limit_bytes`` of a body read by ``read(n)`` (up to ``n`` bytes a call,
+    b"" at its end), or all of it when shorter. The rest is not read: a peer that sends
+    more than asked (a whole file for a range, an endless body) costs no memory past the
+    bound. A caller that refuses more than N bytes reads N + 1."""
+    pieces: list[bytes] = []
+    left = limit_bytes
+    while left > 0:
+        piece = await read(min(left, 1 << 20))
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
