@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 
 from netopt.chunking import chunk_file
 from netopt.dataplane.chunkio import RawChunk
+from netopt.dataplane.onloop import blocking
 from netopt.fsutil import atomic_write_bytes
 from netopt.transfer.manifest import FileEntry, Manifest, manifest_from_dict
 
@@ -131,7 +132,7 @@ class SpooledChunkSource:
     async def fetch_chunk(self, chunk_id: str, length_bytes: int) -> RawChunk:
         rel, offset, length = self.where[chunk_id]
         if rel in self.spooled:  # already paid for while building the manifest
-            data = await asyncio.to_thread(self._read_spool, self.spooled[rel], offset, length)
+            data = await blocking(length, self._read_spool, self.spooled[rel], offset, length)
             return RawChunk(data, "identity", 0)
         return await self.read_range(self.remotes[rel], offset, length)
 
@@ -212,7 +213,8 @@ async def build_entries(
     async def fetch(index: int) -> tuple[Path, int, FileEntry]:
         remote = fresh[index]
         path, got = await download(remote)
-        return path, got, await asyncio.to_thread(_chunk, path, remote, avg_chunk_bytes)
+        entry = await blocking(remote.size_bytes, _chunk, path, remote, avg_chunk_bytes)
+        return path, got, entry
 
     fetched = await at_most(DOWNLOADS_AT_ONCE, len(fresh), fetch)
     downloaded = {remote.key: one for remote, one in zip(fresh, fetched, strict=True)}

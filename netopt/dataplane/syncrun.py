@@ -27,6 +27,7 @@ from netopt.dataplane.assemble import ClaimedWrite, FileAssembler, write_claimed
 from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource, RawChunk, decode_chunk
 from netopt.dataplane.held import HeldSink, blocking_put, blocking_put_group
+from netopt.dataplane.onloop import ON_LOOP_MAX_BYTES
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.synctypes import ProgressCallback, SyncOptions, SyncProgress
 from netopt.dataplane.writerproc import WriterProcess
@@ -67,17 +68,13 @@ size), at most `IN_FLIGHT_MAX` of them: enough that they go to the thread pool i
 batches (`netopt.dataplane.batchrun`) instead of four at a time."""
 
 
-INLINE_GROUP_BYTES = 256 * 1024
+INLINE_GROUP_BYTES = ON_LOOP_MAX_BYTES
 """A group whose verify, store and writes handle at most this many bytes runs on the loop
-itself. Small chunks are Python work that holds the interpreter lock: on a pool thread it
-ran beside nothing and paid a lock hand-off at every system call it made (a 20,000-file
-sync made 265,000 futex calls, 13 a file; inline: -20% of the client's CPU). Its writes
-go to the page cache and the fsyncs stay in the flushers' threads, so such a call takes
-about a millisecond. What it can wait on is back-pressure: when the disk falls behind,
-the pack store's and the file flusher's bounded backlogs make it wait for room, on the
-loop (a pool thread would wait the same and the streams would stop reading the same);
-a wait longer than the stall timeout can then cut a stream, which is retried, never
-lost. Larger chunks (their hashing and decompression release the lock) go to the pool."""
+itself (the project's rule, `netopt.dataplane.onloop`). What such a call can wait on is
+back-pressure: when the disk falls behind, the pack store's and the file flusher's
+bounded backlogs make it wait for room, on the loop (a pool thread would wait the same
+and the streams would stop reading the same); a wait longer than the stall timeout can
+then cut a stream, which is retried, never lost."""
 
 
 def inflight_limit(lengths: dict[str, int]) -> int:
