@@ -22,6 +22,7 @@ import aiohttp
 
 from netopt.cache.remotefiles import (
     CONNECTIONS_AT_ONCE,
+    DOWNLOADS_AT_ONCE,
     MAX_FILES,
     BuiltEntries,
     RemoteDataset,
@@ -53,9 +54,10 @@ MAX_DEPTH = 16
 MAX_PAGE_BYTES = 64 << 20
 """The longest listing page read (nginx's autoindex of `MAX_FILES` files is ~15 MB): a
 server that sends more is refused, not held in memory."""
-DESCRIBES_AT_ONCE = 32
-"""Files listed at once (a HEAD, or the GET of a file not synced before): one at a
-time, listing 4,800 files over a 140 ms link took 4,800 round trips (11 minutes)."""
+DESCRIBES_AT_ONCE = DOWNLOADS_AT_ONCE
+"""Files listed at once (a HEAD, or the GET of a file not synced before, which is its
+download): one at a time, listing 4,800 files over a 140 ms link took 4,800 round trips
+(11 minutes)."""
 _STATE_FILE = "httpdir.json"
 
 
