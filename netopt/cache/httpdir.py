@@ -169,12 +169,24 @@ async def _get_unlisted(
     session: aiohttp.ClientSession, base: str, url: str, kept: tuple[RemoteFile, int] | None
 ) -> AsyncIterator[tuple[RemoteFile, int, AsyncIterable[bytes]]]:
     """`netopt.cache.spool.FetchUnlisted` for a web server: a GET that lists the file
-    by its answer's headers, ranged from a kept partial download naming its validator."""
+    by its answer's headers, ranged from a kept partial download naming its validator.
+    A kept complete download is asked for its last byte (a range from its end is one an
+    origin cannot satisfy: nginx answers 416, which failed every try after a cut): the
+    answer says whether it is still that file, and the byte is dropped."""
     if_range = _if_range(kept[0].validator) if kept is not None and kept[1] else None
-    headers = {"Range": f"bytes={kept[1]}-", "If-Range": if_range} if kept and if_range else {}
+    complete = kept is not None and 0 < kept[1] == kept[0].size_bytes
+    start = kept[1] - int(complete) if kept is not None else 0
+    headers = {"Range": f"bytes={start}-", "If-Range": if_range} if kept and if_range else {}
     async with session.get(url, headers=headers) as resp:
         if resp.status == 206 and kept is not None and headers:
-            yield kept[0], content_range_start(resp.headers.get("Content-Range")), _body(resp)
+            answered = content_range_start(resp.headers.get("Content-Range"))
+            if not complete:
+                yield kept[0], answered, _body(resp)
+            elif answered != start or resp.content_length != 1:
+                raise ProtocolError(f"{url}: asked for byte {start}, answered otherwise")
+            else:
+                await read_up_to(resp.content.read, 1)
+                yield kept[0], kept[1], _nothing()
         elif resp.status == 200:
             size = resp.content_length if resp.content_length is not None else -1
             listed = _listed(base, url, resp.headers, size)
@@ -184,6 +196,11 @@ async def _get_unlisted(
                 yield listed, 0, _body(resp)
         else:
             raise NetworkError(f"{url}: HTTP {resp.status}")
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield
 
 
 def _body(resp: aiohttp.ClientResponse) -> AsyncIterable[bytes]:

@@ -73,6 +73,9 @@ class Origin:
         if asked and self.honour_ranges and request.headers.get("If-Range") == self.etag:
             first, _, last = asked.removeprefix("bytes=").partition("-")
             start, stop = int(first), int(last) + 1 if last else len(data)
+            if start >= len(data):  # unsatisfiable, as nginx answers it
+                self.gets.append((name, asked, 0))
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
             status = 206
             headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
         body = data[start:stop] + os.urandom(self.extra_bytes if name == "big.bin" else 0)
@@ -206,6 +209,33 @@ async def test_a_failed_sync_leaves_its_download_for_the_next_run(
     assert tree(dest) == served.files
     assert _big_gets(served)[-1] == (f"bytes={kept}-", BIG_BYTES - kept)
     assert _spools(cache) == []
+
+
+async def test_files_complete_in_a_failed_runs_spool_are_not_downloaded_again(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    """A file the failed run had whole is asked for its last byte only, naming its
+    version (an origin answers a range from its end with 416), and taken as it is."""
+    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
+    small = served.files["small.txt"]
+    assert ("small.txt", None, len(small)) in served.gets  # whole in the failed run
+    since = len(served.gets)
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    again = [(asked, sent) for name, asked, sent in served.gets[since:] if name == "small.txt"]
+    assert again == [(f"bytes={len(small) - 1}-", 1)]
+    # Changed since: its last byte's request names the old version and gets it whole.
+    cache2 = tmp_path / "cache2"
+    served.cuts = [CUT_AT]
+    with pytest.raises(NetworkError):
+        await run_sync(request(url, tmp_path / "dest2", cache2, sync_options=_options(0)))
+    served.files["small.txt"] = small.upper()
+    served.etag = '"v2"'
+    since = len(served.gets)
+    await run_sync(request(url, tmp_path / "dest2", cache2, sync_options=_options(0)))
+    assert tree(tmp_path / "dest2") == served.files
+    again = [(asked, sent) for name, asked, sent in served.gets[since:] if name == "small.txt"]
+    assert again == [(f"bytes={len(small) - 1}-", len(small))]
 
 
 async def test_a_file_changed_since_the_cut_is_downloaded_again_whole(
