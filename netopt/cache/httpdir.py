@@ -200,8 +200,9 @@ async def _get_unlisted(
 
 async def _nothing() -> AsyncIterator[bytes]:
     """No bytes: the answer for a kept complete download, whose last byte was dropped."""
-    return
-    yield
+    none: tuple[bytes, ...] = ()
+    for piece in none:
+        yield piece
 
 
 def _body(resp: aiohttp.ClientResponse) -> AsyncIterable[bytes]:
