@@ -38,6 +38,7 @@ from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, par
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.dataplane.limits import read_up_to
+from netopt.dataplane.manifestpieces import PiecesBroken, content_range
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
 from netopt.transfer.manifest import Manifest, validate_rel_path
 
@@ -172,30 +173,62 @@ async def _get_unlisted(
     by its answer's headers, ranged from a kept partial download naming its validator.
     A kept complete download is asked for its last byte (a range from its end is one an
     origin cannot satisfy: nginx answers 416, which failed every try after a cut): the
-    answer says whether it is still that file, and the byte is dropped."""
+    answer says whether it is still that file, and the byte is dropped. A range of
+    another version (`_same_version`: the server ignored If-Range) is dropped and the
+    file asked for whole."""
     if_range = _if_range(kept[0].validator) if kept is not None and kept[1] else None
-    complete = kept is not None and 0 < kept[1] == kept[0].size_bytes
-    start = kept[1] - int(complete) if kept is not None else 0
-    headers = {"Range": f"bytes={start}-", "If-Range": if_range} if kept and if_range else {}
-    async with session.get(url, headers=headers) as resp:
-        if resp.status == 206 and kept is not None and headers:
-            answered = content_range_start(resp.headers.get("Content-Range"))
-            if not complete:
-                yield kept[0], answered, _body(resp)
-            elif answered != start or resp.content_length != 1:
-                raise ProtocolError(f"{url}: asked for byte {start}, answered otherwise")
-            else:
-                await read_up_to(resp.content.read, 1)
-                yield kept[0], kept[1], _nothing()
-        elif resp.status == 200:
-            size = resp.content_length if resp.content_length is not None else -1
-            listed = _listed(base, url, resp.headers, size)
-            if parts_worth(listed):  # its parts come on connections of their own
-                yield listed, LISTED_ONLY, _body(resp)
-            else:
-                yield listed, 0, _body(resp)
-        else:
-            raise NetworkError(f"{url}: HTTP {resp.status}")
+    if kept is not None and if_range is not None:
+        complete = kept[1] == kept[0].size_bytes
+        start = kept[1] - int(complete)
+        headers = {"Range": f"bytes={start}-", "If-Range": if_range}
+        async with session.get(url, headers=headers) as resp:
+            if resp.status != 206:
+                yield _whole(base, url, resp)
+                return
+            if _same_version(kept[0], resp.headers):
+                answered = content_range_start(resp.headers.get("Content-Range"))
+                if not complete:
+                    yield kept[0], answered, _body(resp)
+                elif answered != start or resp.content_length != 1:
+                    raise ProtocolError(f"{url}: asked for byte {start}, answered otherwise")
+                else:
+                    await read_up_to(resp.content.read, 1)
+                    yield kept[0], kept[1], _nothing()
+                return
+    async with session.get(url) as resp:
+        yield _whole(base, url, resp)
+
+
+def _whole(
+    base: str, url: str, resp: aiohttp.ClientResponse
+) -> tuple[RemoteFile, int, AsyncIterable[bytes]]:
+    """A whole GET's answer as `_get_unlisted` gives it: the file as it lists it, 0 (or
+    `LISTED_ONLY` for a file to download in parts) and its bytes; NetworkError unless
+    it is a 200."""
+    if resp.status != 200:
+        raise NetworkError(f"{url}: HTTP {resp.status}")
+    size = resp.content_length if resp.content_length is not None else -1
+    listed = _listed(base, url, resp.headers, size)
+    # A file large enough for parts has them on connections of their own.
+    return listed, LISTED_ONLY if parts_worth(listed) else 0, _body(resp)
+
+
+def _same_version(listed: RemoteFile, headers: Mapping[str, str]) -> bool:
+    """Whether a ranged answer is of the version ``listed`` names: the total of its
+    ``Content-Range``, its ETag and its Last-Modified as listed, each where both give
+    it. A server that ignores If-Range answers a range of a changed file from its new
+    version, and the bytes kept of the old one would be joined to it."""
+    _, _, rest = listed.validator.partition("|")
+    etag, _, modified = rest.rpartition("|")
+    try:
+        _, _, total = content_range(headers.get("Content-Range"))
+    except PiecesBroken:
+        return False
+    return (
+        (listed.size_bytes < 0 or total == listed.size_bytes)
+        and (not etag or headers.get("ETag", etag) == etag)
+        and (not modified or headers.get("Last-Modified", modified) == modified)
+    )
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -232,6 +265,9 @@ async def _get_from(
     headers = {"Range": f"bytes={offset}-{last}", "If-Range": if_range} if if_range else {}
     async with session.get(remote.key, headers=headers) as resp:
         if resp.status == 206 and headers:
+            if not _same_version(remote, resp.headers):
+                # The server ignored If-Range: the open's next try lists it again.
+                raise NetworkError(f"{remote.key}: changed since it was listed")
             start = content_range_start(resp.headers.get("Content-Range"))
         elif resp.status == 200 and end is not None:
             # A part answered whole: the file changed (If-Range), so its parts would mix

@@ -40,6 +40,8 @@ class Origin:
     cuts: list[int] = field(default_factory=list)
     """Cut the next GETs of ``big.bin`` after this many body bytes (one per GET)."""
     honour_ranges: bool = True
+    honour_if_range: bool = True
+    """False: answer a range whatever the If-Range names (a server that ignores it)."""
     extra_bytes: int = 0
     """Bytes sent after ``big.bin``'s own (a hostile or changing server)."""
     gets: list[tuple[str, str | None, int]] = field(default_factory=list)
@@ -70,7 +72,8 @@ class Origin:
         asked = request.headers.get("Range")
         start, stop = 0, len(data)
         status = 200
-        if asked and self.honour_ranges and request.headers.get("If-Range") == self.etag:
+        same = request.headers.get("If-Range") == self.etag or not self.honour_if_range
+        if asked and self.honour_ranges and same:
             first, _, last = asked.removeprefix("bytes=").partition("-")
             start, stop = int(first), int(last) + 1 if last else len(data)
             if start >= len(data):  # unsatisfiable, as nginx answers it
@@ -249,6 +252,26 @@ async def test_a_file_changed_since_the_cut_is_downloaded_again_whole(
     asked, sent = _big_gets(served)[-1]
     assert _resumed_from(asked) > 0  # the rest of v1 was asked for ...
     assert sent == BIG_BYTES  # ... v2 came whole, and replaced the partial copy
+
+
+async def test_a_range_of_a_changed_file_from_a_server_ignoring_if_range_is_not_joined(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    """A server that ignores If-Range answers a changed file's range from its new
+    version: its ETag says so, and the file is asked for whole instead of joining the
+    old version's bytes to the new one's."""
+    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
+    served.files["big.bin"] = os.urandom(BIG_BYTES)  # the same size, another version
+    served.etag = '"v2"'
+    served.honour_if_range = False
+    since = len(served.gets)
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    # The rest of v1 was asked for and a range of v2 came (the server may not see the
+    # client drop it: then the GET is not recorded), then v2 was asked for whole.
+    asked = [(asked, sent) for name, asked, sent in served.gets[since:] if name == "big.bin"]
+    assert asked[-1] == (None, BIG_BYTES)
+    assert all(_resumed_from(ranged) > 0 for ranged, _ in asked[:-1])
 
 
 async def test_a_server_that_ignores_ranges_gives_the_whole_file_again(
