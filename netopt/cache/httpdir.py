@@ -218,8 +218,7 @@ def _same_version(listed: RemoteFile, headers: Mapping[str, str]) -> bool:
     ``Content-Range``, its ETag and its Last-Modified as listed, each where both give
     it. A server that ignores If-Range answers a range of a changed file from its new
     version, and the bytes kept of the old one would be joined to it."""
-    _, _, rest = listed.validator.partition("|")
-    etag, _, modified = rest.rpartition("|")
+    etag, modified = _etag_and_modified(listed.validator)
     try:
         _, _, total = content_range(headers.get("Content-Range"))
     except PiecesBroken:
@@ -242,11 +241,18 @@ def _body(resp: aiohttp.ClientResponse) -> AsyncIterable[bytes]:
     return resp.content.iter_chunked(1 << 20)
 
 
+def _etag_and_modified(validator: str) -> tuple[str, str]:
+    """The ETag and Last-Modified of a validator `_listed` made (``SIZE|ETAG|MODIFIED``;
+    either may be empty)."""
+    _, _, rest = validator.partition("|")
+    etag, _, modified = rest.rpartition("|")
+    return etag, modified
+
+
 def _if_range(validator: str) -> str | None:
     """What a resumed download names in ``If-Range``: the listing's strong ETag, else its
     Last-Modified (a weak ETag may not be used there); None: neither, no resuming."""
-    _, _, rest = validator.partition("|")
-    etag, _, modified = rest.rpartition("|")
+    etag, modified = _etag_and_modified(validator)
     if etag.startswith('"'):
         return etag
     return modified or None
