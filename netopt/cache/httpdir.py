@@ -175,17 +175,20 @@ async def _get_unlisted(
     origin cannot satisfy: nginx answers 416, which failed every try after a cut): the
     answer says whether it is still that file, and the byte is dropped. A range of
     another version (`_same_version`: the server ignored If-Range) is dropped and the
-    file asked for whole."""
+    file asked for whole, as is a 416 (such a server, the file now shorter than what
+    was kept: it failed every try before)."""
     if_range = _if_range(kept[0].validator) if kept is not None and kept[1] else None
     if kept is not None and if_range is not None:
         complete = kept[1] == kept[0].size_bytes
         start = kept[1] - int(complete)
         headers = {"Range": f"bytes={start}-", "If-Range": if_range}
         async with session.get(url, headers=headers) as resp:
-            if resp.status != 206:
+            if resp.status not in (206, 416):
                 yield _whole(base, url, resp)
                 return
-            if _same_version(kept[0], resp.headers):
+            # 416: nothing at the kept start, so the file is not what was kept (a server
+            # that ignores If-Range, the file now shorter): asked for whole below.
+            if resp.status == 206 and _same_version(kept[0], resp.headers):
                 answered = content_range_start(resp.headers.get("Content-Range"))
                 if not complete:
                     yield kept[0], answered, _body(resp)

@@ -241,15 +241,27 @@ async def test_files_complete_in_a_failed_runs_spool_are_not_downloaded_again(
     assert again == [(f"bytes={len(small) - 1}-", len(small))]
 
 
+async def _synced_again_changed(
+    tmp_path: Path, origin: tuple[Origin, str], size_bytes: int, *, honour_if_range: bool
+) -> tuple[Path, list[tuple[str | None, int]]]:
+    """After `_a_run_cut_mid_file`, ``big.bin`` changed (another version of
+    ``size_bytes``) and synced again: the cache and the GETs of ``big.bin`` since."""
+    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
+    served.files["big.bin"] = os.urandom(size_bytes)
+    served.etag = '"v2"'
+    served.honour_if_range = honour_if_range
+    since = len(served.gets)
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    return cache, [(asked, sent) for name, asked, sent in served.gets[since:] if name == "big.bin"]
+
+
 async def test_a_file_changed_since_the_cut_is_downloaded_again_whole(
     tmp_path: Path, origin: tuple[Origin, str]
 ) -> None:
-    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
-    served.files["big.bin"] = os.urandom(BIG_BYTES)  # the same size, another version
-    served.etag = '"v2"'
-    await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    assert tree(dest) == served.files
-    asked, sent = _big_gets(served)[-1]
+    # The same size, another version.
+    _, gets = await _synced_again_changed(tmp_path, origin, BIG_BYTES, honour_if_range=True)
+    asked, sent = gets[-1]
     assert _resumed_from(asked) > 0  # the rest of v1 was asked for ...
     assert sent == BIG_BYTES  # ... v2 came whole, and replaced the partial copy
 
@@ -260,18 +272,29 @@ async def test_a_range_of_a_changed_file_from_a_server_ignoring_if_range_is_not_
     """A server that ignores If-Range answers a changed file's range from its new
     version: its ETag says so, and the file is asked for whole instead of joining the
     old version's bytes to the new one's."""
-    served, url, cache, dest = await _a_run_cut_mid_file(tmp_path, origin)
-    served.files["big.bin"] = os.urandom(BIG_BYTES)  # the same size, another version
-    served.etag = '"v2"'
-    served.honour_if_range = False
-    since = len(served.gets)
-    await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    assert tree(dest) == served.files
+    # The same size, another version.
+    _, asked = await _synced_again_changed(tmp_path, origin, BIG_BYTES, honour_if_range=False)
     # The rest of v1 was asked for and a range of v2 came (the server may not see the
     # client drop it: then the GET is not recorded), then v2 was asked for whole.
-    asked = [(asked, sent) for name, asked, sent in served.gets[since:] if name == "big.bin"]
     assert asked[-1] == (None, BIG_BYTES)
     assert all(_resumed_from(ranged) > 0 for ranged, _ in asked[:-1])
+
+
+async def test_a_file_now_shorter_than_its_kept_bytes_comes_whole_from_a_server_ignoring_if_range(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    """A file that shrank below what a failed run kept of it: a server that ignores
+    If-Range answers the resume's range with 416 (nothing there to send), and the file
+    is asked for whole; the 416 failed every later run before."""
+    # Shorter than any kept start: the cut keeps what came before the piece being
+    # read (at most 1 MiB, `httpdir._body`), so at least CUT_AT - 1 MiB.
+    shrunk = 100_000
+    cache, asked = await _synced_again_changed(tmp_path, origin, shrunk, honour_if_range=False)
+    (resumed, unsatisfied), whole = asked
+    assert _resumed_from(resumed) > shrunk
+    assert unsatisfied == 0  # the 416
+    assert whole == (None, shrunk)
+    assert _spools(cache) == []
 
 
 async def test_a_server_that_ignores_ranges_gives_the_whole_file_again(
