@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import KINDS, RATIO_LEVELS, KindInfo, build_corpus, print_kinds
 
+from netopt.fsutil import syncfs
 from netopt.lab import Lab
 from netopt.tlsca import ServerFiles, issue_server_files
 
@@ -110,6 +111,10 @@ class Row:
     """Seconds ``iperf3 -P8 -n`` took, over fresh connections, to move the kind's bytes
     at its best ratio (the same mode): the cold-start floor, for `cold_share`."""
 
+    disk_s: float | None = None
+    """Seconds `disk_write_s` took to write the kind's files on the destination's
+    filesystem, for `floor_share`."""
+
     @property
     def share(self) -> float | None:
         return self.effective_mbps / self.limit_mbps if self.limit_mbps else None
@@ -134,6 +139,16 @@ class Row:
         if not self.cold_s or not self.seconds:
             return None
         return self.cold_s / self.seconds
+
+    @property
+    def floor_share(self) -> float | None:
+        """The larger of the two floors (`cold_s`, the link's; `disk_s`, the destination
+        filesystem's) against the run's seconds: a tree of many small files is held
+        back by creating them, whatever the link."""
+        floors = [f for f in (self.cold_s, self.disk_s) if f]
+        if not floors or not self.seconds:
+            return None
+        return max(floors) / self.seconds
 
     @property
     def status(self) -> str:
@@ -473,7 +488,7 @@ def bench_dataset(
             if tool == "iperf3":
                 continue
             dest = out_dir / f"{mode}-{name}-{tool}"
-            shutil.rmtree(dest, ignore_errors=True)
+            clear(dest)
             dest.mkdir(parents=True)
             cache = out_dir / f"{mode}-{name}-cache"
             if tool == "netopt-web":
@@ -509,18 +524,25 @@ def bench_dataset(
                 argv = peer_argv(tool, info, files, base, dest, out_dir)
             for attempt in range(args.repeat if tool.startswith("netopt") else 1):
                 if attempt:
-                    shutil.rmtree(dest, ignore_errors=True)
-                    shutil.rmtree(cache, ignore_errors=True)
+                    clear(dest, cache)
                     dest.mkdir(parents=True)
                 row = _run_tool(lab, tool, argv, servers[tool], (mode, info, dest), args)
                 row.publish_s = publish_s if tool == "netopt-pre" else None
                 rows.append(row)
-            shutil.rmtree(dest, ignore_errors=True)
-            shutil.rmtree(cache, ignore_errors=True)
+            clear(dest, cache)
     finally:
         for proc in {id(p): p for p in servers.values()}.values():
             stop(proc)
     return rows
+
+
+def clear(*paths: Path) -> None:
+    """Remove ``paths`` and write the removal back (``syncfs``): deleting a tree of
+    100,000 files leaves seconds of write-back that would slow the next run."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+    if paths:
+        syncfs(paths[0].parent)
 
 
 def arrived_bytes(dest: Path) -> int:
@@ -649,6 +671,40 @@ def cold_floor_s(lab: Lab, mode: str, info: KindInfo, args: argparse.Namespace) 
     return row.seconds if not row.timed_out and row.logical_bytes >= n_bytes else None
 
 
+def disk_write_s(info: KindInfo, scratch: Path) -> float:
+    """Seconds to write the kind's files under ``scratch`` as a sync lands them, one at a
+    time: each under a temporary name with its mtime, renamed, and one ``syncfs`` at
+    the end (netopt's durability; rsync and rclone rename without syncing). No network
+    and no reading (the files are read before the clock starts): what the destination's
+    filesystem alone costs. ``scratch`` is removed after, and its removal written back,
+    so it does not slow what follows."""
+    contents = [(rel, (info.root / rel).read_bytes()) for rel in file_list(info)]
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        made: set[Path] = set()
+        started = time.monotonic()
+        for rel, data in contents:
+            final = scratch / rel
+            if final.parent not in made:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                made.add(final.parent)
+            tmp = final.with_name(f".{final.name}.part")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.utime(fd, ns=(0, 0))
+            finally:
+                os.close(fd)
+            os.rename(tmp, final)
+        syncfs(scratch)
+        return time.monotonic() - started
+    finally:
+        clear(scratch)
+
+
 def goal_share(info: KindInfo) -> float:
     """The goal for the kind, as a share of its limit."""
     if info.kind == "smallfiles":
@@ -753,6 +809,9 @@ def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any
                 "cold_s": here[0].cold_s,
                 "netopt_cold_share": netopt.cold_share if netopt else None,
                 "best_peer_cold_share": best_peer.cold_share if best_peer else None,
+                "disk_s": here[0].disk_s,
+                "netopt_floor_share": netopt.floor_share if netopt else None,
+                "best_peer_floor_share": best_peer.floor_share if best_peer else None,
                 "netopt_complete": bool(netopt and netopt.status == "ok"),
                 "best_peer": best_peer.tool if best_peer else None,
                 "best_peer_mbps": best_peer.effective_mbps if best_peer else None,
@@ -767,10 +826,10 @@ def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any
 def print_summary(summary: list[dict[str, Any]]) -> None:
     print(
         "\n| kind | mode | zstd ratios | limit Mbit/s | netopt Mbit/s | share | of reachable "
-        "| cold floor s | of cold floor (netopt / best peer) | goal | met "
-        "| best peer (Mbit/s) | ahead |"
+        "| cold floor s | of cold floor (netopt / best peer) | disk write s "
+        "| of the larger floor (netopt / best peer) | goal | met | best peer (Mbit/s) | ahead |"
     )
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 15)
     for s in summary:
         ratios = "/".join(f"{v:.2f}" for v in s["zstd_ratios"].values())
         met = s["netopt_share"] is not None and s["netopt_share"] >= s["goal_share"]
@@ -780,6 +839,8 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
             f"| {_pct(s['netopt_share'])} | {_pct(s['netopt_reachable_share'])} "
             f"| {_pct(s['cold_s'])} "
             f"| {_pct(s['netopt_cold_share'])} / {_pct(s['best_peer_cold_share'])} "
+            f"| {_pct(s['disk_s'])} "
+            f"| {_pct(s['netopt_floor_share'])} / {_pct(s['best_peer_floor_share'])} "
             f"| {s['goal_share']:.2f} | {'yes' if met else 'no'} "
             f"| {s['best_peer']} ({peer or 0:.1f}) | {'yes' if s['ahead_of_peers'] else 'no'} |"
         )
@@ -889,6 +950,7 @@ def main() -> int:
         print(f"corpus ready in {time.monotonic() - t0:.1f} s", flush=True)
         print_kinds(infos.values())
         cold: dict[tuple[str, str], float | None] = {}
+        disk: dict[tuple[str, str], float] = {}
         with Lab.start(args.topology) as lab:
             args.tls = None
             if not args.plaintext:
@@ -901,10 +963,13 @@ def main() -> int:
                 for kind in kinds:
                     if "iperf3" in args.tools:
                         cold[mode, kind] = cold_floor_s(lab, mode, infos[kind], args)
+                    disk[mode, kind] = disk_write_s(infos[kind], work / "out" / "disk-floor")
+                    print(f"  {mode:5} {kind:10} disk write: {disk[mode, kind]:.2f} s", flush=True)
                     rows.extend(bench_dataset(lab, mode, infos[kind], work / "out", args))
     set_limits(rows, infos, args.limit_levels, 2 * link["delay_ms"])
     for r in rows:
         r.cold_s = cold.get((r.mode, r.data))
+        r.disk_s = disk.get((r.mode, r.data))
     print_table(rows, 2 * link["delay_ms"])
     summary = summarize(rows, infos)
     print_summary(summary)
