@@ -38,10 +38,12 @@ from netopt.cache.remotefiles import (
     save_state,
 )
 from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, parts_worth
+from netopt.cache.weblink import WebLink
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.dataplane.limits import read_up_to
 from netopt.dataplane.manifestpieces import PiecesBroken, content_range
+from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError, StorageError
 from netopt.transfer.manifest import Manifest, validate_rel_path
 
@@ -172,11 +174,11 @@ class HttpDirSource(SpooledChunkSource):
         return RawChunk(data, "identity", len(body))
 
 
-async def _crawl(session: aiohttp.ClientSession, base: str) -> tuple[list[str], int]:
+async def _crawl(session: aiohttp.ClientSession, base: str, link: WebLink) -> tuple[list[str], int]:
     """Every file listed under ``base`` (sorted) and the listing's bytes on the wire:
     `PAGES_AT_ONCE` pages read at once, each subdirectory as soon as its parent page
-    is read. ProtocolError past `MAX_FILES` files or `MAX_PAGES` pages; NetworkError
-    for a page not answered 200."""
+    is read, a page cut off asked again (``link``). ProtocolError past `MAX_FILES`
+    files or `MAX_PAGES` pages; NetworkError for a page not answered 200."""
     files: set[str] = set()
     wire_bytes = 0
     budget = _LinkBudget(LINKS_HELD_MAX)
@@ -189,7 +191,8 @@ async def _crawl(session: aiohttp.ClientSession, base: str) -> tuple[list[str], 
         while True:
             page, depth = await pages.get()
             try:
-                found, subdirs, got = await _read_page(session, page, base, budget)
+                read = functools.partial(_read_page, session, page, base, budget)
+                found, subdirs, got = await link.again(read)
                 wire_bytes += got
                 files.update(found)
                 if len(files) > MAX_FILES:
@@ -395,11 +398,17 @@ async def _get_from(
 
 @asynccontextmanager
 async def open_http_dir(
-    url: str, name: str, client: ClientOptions, avg_chunk_bytes: int, state_dir: str | None
+    url: str,
+    name: str,
+    client: ClientOptions,
+    avg_chunk_bytes: int,
+    state_dir: str | None,
+    retry: SyncOptions,
 ) -> AsyncIterator[RemoteDataset]:
     """Open the files listed under ``url`` as dataset ``name``: crawled, downloaded where
     their chunking is not remembered in ``state_dir``, chunked (the ``http-dir`` kind of
-    `netopt.cache.sources` wraps it).
+    `netopt.cache.sources` wraps it). A request that fails to reach the server is asked
+    again within ``retry``'s window (`netopt.cache.weblink`).
 
     Raises PeerUnreachableError / NetworkError / ProtocolError for the server,
     StorageError when downloads cannot be spooled.
@@ -410,19 +419,25 @@ async def open_http_dir(
     timeout = aiohttp.ClientTimeout(
         sock_connect=client.connect_timeout_s, sock_read=client.read_timeout_s
     )
+    where = urlsplit(base)
+    port = where.port or (443 if where.scheme == "https" else 80)
+    link = WebLink(where.hostname or "", port, retry)
     try:
         known = await load_state(state_path)
         async with (
             open_spool(state_dir, "httpdir", base) as spool,
             aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=CONNECTIONS_AT_ONCE),
+                connector=aiohttp.TCPConnector(
+                    limit=CONNECTIONS_AT_ONCE, socket_factory=link.socket_factory
+                ),
                 headers=headers,
                 timeout=timeout,
                 auto_decompress=False,
+                trace_configs=[link.trace_config()],
             ) as session,
         ):
             try:
-                urls, listing_bytes = await _crawl(session, base)
+                urls, listing_bytes = await _crawl(session, base, link)
                 fetched_bytes = 0
 
                 async def listed(index: int) -> RemoteFile:
@@ -431,16 +446,20 @@ async def open_http_dir(
                     # finds it complete in the spool.
                     nonlocal fetched_bytes
                     if urls[index] in known:
-                        return await _describe(session, base, urls[index])
+                        return await link.again(
+                            functools.partial(_describe, session, base, urls[index])
+                        )
                     get = functools.partial(_get_unlisted, session, base)
-                    remote, _, got = await spool.download_unlisted(urls[index], get)
+                    unlisted = functools.partial(spool.download_unlisted, urls[index], get)
+                    remote, _, got = await link.again(unlisted)
                     fetched_bytes += got
                     return remote
 
                 remotes = await at_most(DESCRIBES_AT_ONCE, len(urls), listed)
 
                 async def download(remote: RemoteFile) -> tuple[Path, int]:
-                    return await spool.download(remote, functools.partial(_get_from, session))
+                    get = functools.partial(_get_from, session)
+                    return await link.again(functools.partial(spool.download, remote, get))
 
                 built = await build_entries(remotes, known, avg_chunk_bytes, download)
             except aiohttp.ClientConnectorError as exc:
@@ -455,3 +474,5 @@ async def open_http_dir(
             yield RemoteDataset(manifest, source, overhead_bytes)
     except OSError as exc:
         raise StorageError(f"cannot spool downloads of {base}: {exc}") from exc
+    finally:
+        await link.close()

@@ -60,6 +60,7 @@ from netopt.dataplane.httpsource import (
     parse_dataset_url,
 )
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
+from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import DatasetChangedError, IntegrityError, StorageError, ValidationError
 from netopt.names import is_dataset_name
 from netopt.transfer.figures import LinkFigures
@@ -122,6 +123,9 @@ class SourceOptions:
     """The cache the sync goes through: a netopt source names the versions it holds when
     asking for the manifest, and reads the current one back from it when the server
     says so (`netopt.cache.storedmanifests`). None: every manifest is fetched."""
+    retry: SyncOptions = field(default_factory=SyncOptions)
+    """The sync's retry window and backoff: a web origin's requests that fail to reach it
+    are asked again within them (`netopt.cache.weblink`)."""
 
 
 @dataclass(frozen=True)
@@ -442,7 +446,7 @@ class WebDirSource(Source):
         from netopt.cache.httpdir import open_http_dir
 
         args = (self.text, self.name, opts.client, opts.avg_chunk_bytes, opts.state_dir)
-        async with open_http_dir(*args) as files:
+        async with open_http_dir(*args, opts.retry) as files:
             yield _opened_files(self.kind, self.name, files)
 
 

@@ -412,6 +412,8 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
     if req.sharing is not None:
         # Most chunks come from in-region peers: fewer connections cross to the origin.
         source_options = replace(source_options, warm_connections=SHARING_WARM_CONNECTIONS)
+    if req.sync_options is not None:
+        source_options = replace(source_options, retry=req.sync_options)
     try:
         report = await _run_sync_restarting(req, source, source_options, on_progress, started_s)
     except Exception:

@@ -90,6 +90,26 @@ class TrackedSockets:
     def add(self, sock: socket.socket) -> None:
         self._made_s[sock] = time.monotonic()
 
+    def shortest_rtt_s(self) -> float | None:
+        """The shortest round trip an open, established socket has measured (TCP_INFO's
+        minimum where the kernel gives one); None before any has."""
+        shortest_us = 0
+        for sock in list(self._made_s):
+            if sock.fileno() < 0:
+                continue
+            try:
+                info = read_tcp_info(sock)
+            except ProtocolError:
+                continue
+            rtt_us = info.min_rtt_us or info.rtt_us
+            if (
+                info.state == TCP_ESTABLISHED
+                and rtt_us
+                and (not shortest_us or rtt_us < shortest_us)
+            ):
+                shortest_us = rtt_us
+        return shortest_us / 1e6 if shortest_us else None
+
     def drop_unheard(self, quiet_s: float, probe_started_s: float) -> int:
         """Shut down every open socket that `unheard` says the cut left dead: a read on it
         then ends and a connect fails, now rather than on TCP's timers. Returns how many."""
@@ -131,6 +151,8 @@ class LinkWatch:
         self.dropped = 0
         """Sockets shut down at those returns."""
         self._since_s: float | None = None
+        self._returned: asyncio.Event | None = None
+        """Set at the next return (then replaced); made by the first `wait_return`."""
         self._task: asyncio.Task[None] | None = None
         self._address: tuple[int, tuple[object, ...]] | None = None
 
@@ -145,6 +167,17 @@ class LinkWatch:
         self._since_s = began_s if self._since_s is None else min(self._since_s, began_s)
         if not self.probing:
             self._task = asyncio.get_running_loop().create_task(self._probe())
+
+    async def wait_return(self, returns: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a return past the first ``returns``; whether one
+        came."""
+        if self.returns == returns:
+            if self._returned is None:
+                self._returned = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._returned.wait()
+        return self.returns != returns
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -195,6 +228,9 @@ class LinkWatch:
         dropped = self.tracked.drop_unheard(time.monotonic() - since_s, connected_s)
         self.returns += 1
         self.dropped += dropped
+        returned, self._returned = self._returned, None
+        if returned is not None:
+            returned.set()
         trace.count("link_returns")
         trace.count("link_return_drops", dropped)
         log.debug("the server answers again: %d dead connections dropped", dropped)

@@ -13,7 +13,9 @@ listening and forwarding) and comes back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import socket
 import time
 from pathlib import Path
@@ -31,12 +33,17 @@ from dataplane_helpers import (
     start,
 )
 
+import netopt.cache.httpdir as httpdir
+import netopt.cache.weblink as weblink
 import netopt.dataplane.linkwatch as linkwatch
+from netopt.cache.syncer import run_sync
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.linkwatch import MAX_PROBES, LinkWatch, TrackedSockets
 from netopt.dataplane.sync import SyncOptions
 from netopt.errors import NetworkError
 from netopt.tcpinfo import TCP_ESTABLISHED, read_tcp_info
+from tests.service.cache_helpers import listing_page, web_origin
+from tests.service.cache_helpers import request as web_request
 from tests.service.coordinator_helpers import free_port
 
 WAIT_BOUND_S = 10.0
@@ -297,3 +304,100 @@ async def test_a_stream_whose_answer_never_comes_is_a_stall(tmp_path: Path) -> N
         await runner.cleanup()
     assert failed_after_s < client.read_timeout_s
     assert streams_asked[0] >= 4  # each stream given up after 0.4 s and asked again
+
+
+async def test_wait_return_wakes_at_the_return_and_times_out_without_one() -> None:
+    """`LinkWatch.wait_return`: a waiter is woken by the return itself (well before its
+    timeout), and one with no return comes back False at its timeout."""
+    server_port = free_port()
+    watch = LinkWatch("127.0.0.1", server_port, TrackedSockets(), lambda: None)
+    listener: asyncio.Server | None = None
+    try:
+        assert not await watch.wait_return(0, 0.05)  # nothing failed: no return
+        watch.failed(quiet_s=0.3)
+        waiting = asyncio.ensure_future(watch.wait_return(0, 3 * WAIT_BOUND_S))
+        await asyncio.sleep(0.6)  # refused probes: no return yet
+        assert not waiting.done()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        listener = await asyncio.start_server(on_connect, "127.0.0.1", server_port)
+        assert await asyncio.wait_for(waiting, WAIT_BOUND_S)
+        assert watch.returns == 1
+        assert await watch.wait_return(0, 0.05)  # a return already past: at once
+    finally:
+        await watch.close()
+        if listener is not None:
+            listener.close()
+
+
+async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A web origin's sync (`netopt.cache.weblink`) through a proxy that goes dark
+    mid-file: its stalled answer is dropped, its retries are refused, its watch sees the
+    proxy answer again, and the file is resumed, not fetched again whole."""
+    data = os.urandom(WEB_FILE_BYTES)
+    ranges: list[str | None] = []
+
+    async def listing(request: web.Request) -> web.Response:
+        return listing_page(["data.bin"])
+
+    async def file(request: web.Request) -> web.StreamResponse:
+        asked = request.headers.get("Range")
+        ranges.append(asked)
+        start = int(asked.removeprefix("bytes=").split("-")[0]) if asked else 0
+        headers = {"ETag": '"v1"'}  # no Accept-Ranges: one GET, not parts
+        if asked:
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        resp = web.StreamResponse(status=206 if asked else 200, headers=headers)
+        resp.content_length = len(data) - start
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for at in range(start, len(data), WEB_PIECE_BYTES):  # ~5 MB/s: mid-file at the cut
+                await resp.write(data[at : at + WEB_PIECE_BYTES])
+                await asyncio.sleep(0.01)
+            await resp.write_eof()
+        return resp
+
+    links: list[weblink.WebLink] = []
+
+    class SeenWebLink(weblink.WebLink):  # the real one, kept for its counts
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            links.append(self)
+
+    monkeypatch.setattr(httpdir, "WebLink", SeenWebLink)
+    async with web_origin(listing, file) as url:
+        proxy = Proxy(int(url.split(":")[2].split("/")[0]))
+        await proxy.start()
+        options = SyncOptions(retry_window_s=30, backoff_initial_s=0.2, backoff_max_s=1.0)
+        via = f"http://127.0.0.1:{proxy.port}/ds/"
+        syncing = asyncio.ensure_future(
+            run_sync(web_request(via, tmp_path / "dst", tmp_path / "cache", sync_options=options))
+        )
+        try:
+            await _until(lambda: proxy.sent_to_clients > 1_000_000 or syncing.done(), "1 MB")
+            assert not syncing.done()
+            proxy.go_dark()
+            await asyncio.sleep(3.0)  # past the stall timeout (2 s on loopback)
+            assert not syncing.done()
+            await proxy.come_back()
+            await asyncio.wait_for(syncing, WAIT_BOUND_S * 3)
+        finally:
+            syncing.cancel()
+            await asyncio.gather(syncing, return_exceptions=True)
+            await proxy.close()
+    assert (tmp_path / "dst" / "data.bin").read_bytes() == data
+    (link,) = links
+    assert link.retries >= 1  # the stalled answer failed and was asked again
+    assert link.watch.returns >= 1  # the watch saw the proxy answer again
+    assert ranges[0] is None
+    resumed = [int(a.removeprefix("bytes=").removesuffix("-")) for a in ranges[1:] if a]
+    assert resumed
+    assert 0 < resumed[-1] < WEB_FILE_BYTES  # resumed mid-file, not fetched again whole
+
+
+WEB_FILE_BYTES = 12 << 20
+WEB_PIECE_BYTES = 64 << 10

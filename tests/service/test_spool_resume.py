@@ -11,6 +11,7 @@ number of bytes, as a link cut or an origin restart does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -29,6 +30,9 @@ from tests.service.cache_helpers import listing_page, request, tree, web_origin
 
 BIG_BYTES = 3 << 20
 CUT_AT = 1_300_000
+STALL_HELD_S = 60.0
+"""How long the origin holds a stalled answer open at most (the read timeout a web
+origin's answers had before stall detection)."""
 
 
 @dataclass
@@ -58,7 +62,15 @@ class Origin:
     """Send the next this many ranged GETs of ``large.bin`` slowly (`SLOW_PIECE_BYTES` a
     `SLOW_PAUSE_S`), as connections held back by loss are."""
 
+    stalls: list[int] = field(default_factory=list)
+    """Stall the next GETs of ``big.bin`` after this many body bytes: the connection stays
+    open and nothing more comes (a link cut that TCP has not noticed), until `released`."""
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    listings: int = 0
+    """Listing pages answered."""
+
     async def listing(self, request: web.Request) -> web.Response:
+        self.listings += 1
         return listing_page(self.files)
 
     async def file(self, request: web.Request) -> web.StreamResponse:
@@ -86,6 +98,15 @@ class Origin:
         resp.content_length = len(body)
         await resp.prepare(request)
         limit = self.cuts.pop(0) if name == "big.bin" and self.cuts else len(body)
+        if name == "big.bin" and self.stalls:
+            limit = self.stalls.pop(0)
+            await resp.write(body[:limit])
+            self.gets.append((name, asked, limit))
+            with contextlib.suppress(TimeoutError):  # bounded: the test ends well before
+                await asyncio.wait_for(self.released.wait(), STALL_HELD_S)
+            assert request.transport is not None
+            request.transport.close()
+            return resp
         if name == "large.bin" and status == 206 and self.cut_ranged:
             limit = self.cut_ranged.pop(0)
         slow = name == "large.bin" and status == 206 and self.slow_ranged > 0
@@ -148,7 +169,10 @@ async def origin() -> AsyncIterator[tuple[Origin, str]]:
         }
     )
     async with web_origin(served.listing, served.file) as url:
-        yield served, url
+        try:
+            yield served, url
+        finally:
+            served.released.set()  # stalled answers end with the test
 
 
 def _options(window_s: float) -> SyncOptions:
@@ -198,6 +222,46 @@ async def test_a_download_cut_mid_file_resumes_within_the_sync(
     assert rest == BIG_BYTES - kept
     assert report.overhead_bytes < BIG_BYTES + CUT_AT  # not the whole file twice
     assert _spools(cache) == []  # removed once the sync succeeded
+
+
+async def test_a_cut_mid_file_is_asked_again_alone_without_listing_again(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    """The cut download is asked again by itself (`netopt.cache.weblink`): the listing
+    is read once and the other file asked once, where the open's retry read the listing
+    again and asked every file again."""
+    served, url = origin
+    served.cuts = [CUT_AT]
+    await run_sync(request(url, tmp_path / "dest", tmp_path / "cache", sync_options=_options(10)))
+    assert tree(tmp_path / "dest") == served.files
+    assert served.listings == 1
+    assert [name for name, _, _ in served.gets].count("small.txt") == 1
+    (_, cut), (resumed, rest) = _big_gets(served)
+    assert cut == CUT_AT
+    assert rest == BIG_BYTES - _resumed_from(resumed)
+
+
+async def test_a_stalled_download_is_dropped_and_resumed(
+    tmp_path: Path, origin: tuple[Origin, str]
+) -> None:
+    """An answer that stops coming while its connection stays open (a cut TCP has not
+    noticed) fails after the stall timeout (`stall_timeout_s` of loopback's round trip:
+    its floor, 2 s), not the 60 s read timeout, and is resumed from what came."""
+    served, url = origin
+    served.stalls = [CUT_AT]
+    syncing = run_sync(
+        request(url, tmp_path / "dest", tmp_path / "cache", sync_options=_options(30))
+    )
+    # Bounded well under the origin's hold (STALL_HELD_S): a sync that waited for the
+    # read timeout, or for the origin to let go, fails here.
+    await asyncio.wait_for(syncing, STALL_HELD_S / 4)
+    assert tree(tmp_path / "dest") == served.files
+    (_, stalled), (resumed, rest) = _big_gets(served)
+    kept = _resumed_from(resumed)
+    assert stalled == CUT_AT
+    assert 0 < kept <= CUT_AT
+    assert rest == BIG_BYTES - kept
+    assert served.listings == 1
 
 
 async def test_a_failed_sync_leaves_its_download_for_the_next_run(
