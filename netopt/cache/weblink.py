@@ -30,6 +30,7 @@ changed since it was listed, TLS refused) is for the open to judge.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
@@ -45,12 +46,32 @@ from netopt.dataplane.linkwatch import LinkWatch, TrackedSockets
 from netopt.dataplane.sockets import set_user_timeout
 from netopt.dataplane.syncrun import backoff_delay_s
 from netopt.dataplane.synctypes import SyncOptions
+from netopt.tcpinfo import TCP_ESTABLISHED, TcpInfo
 
-__all__ = ["WebLink", "failed_to_reach"]
+__all__ = ["WebLink", "failed_to_reach", "silent"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def silent(info: TcpInfo, quiet_s: float, made_before_probe: bool) -> bool:
+    """A web origin's connection left dead by an outage (`netopt.dataplane.linkwatch.
+    DeadRule`): it heard nothing from the origin for ``quiet_s`` (since the failures or
+    the suspicion began), whether or not it owes anything. A request's answer, or the
+    rest of it, then waits in the origin's backed-off retransmission, where `unheard`
+    would keep the connection (the client owes nothing). An idle pooled connection goes
+    too: a fresh one costs a round trip. A handshake goes as `unheard` says."""
+    if info.state != TCP_ESTABLISHED:
+        return made_before_probe
+    return min(info.last_data_recv_ms, info.last_ack_recv_ms) / 1000 >= quiet_s
+
+
+def _unsuspect(ctx: SimpleNamespace) -> None:
+    """The request's answer began, or it failed: it is no longer suspect."""
+    suspect: asyncio.TimerHandle | None = getattr(ctx, "suspect", None)
+    if suspect is not None:
+        suspect.cancel()
 
 
 def failed_to_reach(exc: BaseException) -> bool:
@@ -76,8 +97,11 @@ class WebLink:
         answered."""
         self.retries = 0
         """Requests asked again after a failure to reach the origin."""
+        self.suspicions = 0
+        """Watches started by an answer late to begin (`_suspect`)."""
+        self._suspected_s = -float("inf")
         self._sockets = TrackedSockets()
-        self.watch = LinkWatch(host, port, self._sockets, lambda: self.rtt_s)
+        self.watch = LinkWatch(host, port, self._sockets, lambda: self.rtt_s, silent)
 
     @property
     def stall_s(self) -> float:
@@ -94,15 +118,43 @@ class WebLink:
         return sock
 
     def trace_config(self) -> aiohttp.TraceConfig:
-        """A ``ClientSession(trace_configs=[...])`` entry arming each response (`_arm`)."""
+        """A ``ClientSession(trace_configs=[...])`` entry: a request whose answer has not
+        begun after `stall_s` has the watch probe (`_suspect`); an answer that began is
+        armed (`_arm`)."""
         config = aiohttp.TraceConfig()
+        config.on_request_headers_sent.append(self._request_sent)
         config.on_request_end.append(self._response_started)
+        config.on_request_exception.append(self._request_failed)
         return config
 
+    async def _request_sent(self, _s: object, ctx: SimpleNamespace, _p: object) -> None:
+        # From the request on its connection: one waiting for a free connection is not
+        # suspect.
+        ctx.suspect = asyncio.get_running_loop().call_later(self.stall_s, self._suspect)
+
     async def _response_started(
-        self, _s: object, _ctx: SimpleNamespace, params: aiohttp.TraceRequestEndParams
+        self, _s: object, ctx: SimpleNamespace, params: aiohttp.TraceRequestEndParams
     ) -> None:
+        _unsuspect(ctx)
         self._arm(params.response)
+
+    async def _request_failed(self, _s: object, ctx: SimpleNamespace, _p: object) -> None:
+        _unsuspect(ctx)
+
+    def _suspect(self) -> None:
+        """An answer has not begun after `stall_s`: a slow origin, or an outage holding
+        the request or its answer (the origin's retransmission of it backs off, and the
+        client owes nothing a user timeout could notice). The watch probes: if the origin
+        answers at once, nothing happens; after an outage, its return shuts the silent
+        connections (`silent`) and the request is asked again at once. The request is not
+        failed: a slow origin's answer is waited for (the session's read timeout)."""
+        now_s = time.monotonic()
+        if now_s - self._suspected_s < self.stall_s:
+            return  # at most one watch a stall timeout for a slow origin's answers
+        self._suspected_s = now_s
+        self.suspicions += 1
+        trace.count("web_suspicions")
+        self.watch.failed(0.0)
 
     def _arm(self, resp: aiohttp.ClientResponse) -> None:
         """Its headers came: the round trip is measured once (TCP_INFO of the connections

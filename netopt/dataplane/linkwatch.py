@@ -38,6 +38,7 @@ from netopt.tcpinfo import TCP_ESTABLISHED, TcpInfo, read_tcp_info
 __all__ = [
     "MAX_PROBES",
     "PROBE_EVERY_S",
+    "DeadRule",
     "LinkWatch",
     "TrackedSockets",
     "probe_timeout_s",
@@ -62,6 +63,11 @@ MAX_PROBES = 8
 def probe_timeout_s(rtt_s: float | None) -> float:
     """How long one probe waits for its handshake on a link of round trip ``rtt_s``."""
     return PROBE_TIMEOUT_MIN_S if rtt_s is None else max(PROBE_TIMEOUT_MIN_S, PROBE_RTTS * rtt_s)
+
+
+DeadRule = Callable[[TcpInfo, float, bool], bool]
+"""Whether a connection (its TCP_INFO) is left dead by the outage that a probe's connect
+ends: ``(info, quiet_s, made_before_probe)`` as `unheard` takes them."""
 
 
 def unheard(info: TcpInfo, quiet_s: float, made_before_probe: bool) -> bool:
@@ -110,9 +116,10 @@ class TrackedSockets:
                 shortest_us = rtt_us
         return shortest_us / 1e6 if shortest_us else None
 
-    def drop_unheard(self, quiet_s: float, probe_started_s: float) -> int:
-        """Shut down every open socket that `unheard` says the cut left dead: a read on it
-        then ends and a connect fails, now rather than on TCP's timers. Returns how many."""
+    def drop_unheard(self, quiet_s: float, probe_started_s: float, dead: DeadRule = unheard) -> int:
+        """Shut down every open socket that ``dead`` (`unheard` unless told) says the cut
+        left dead: a read on it then ends and a connect fails, now rather than on TCP's
+        timers. Returns how many."""
         dropped = 0
         for sock, made_s in list(self._made_s.items()):
             if sock.fileno() < 0:
@@ -121,7 +128,7 @@ class TrackedSockets:
                 info = read_tcp_info(sock)
             except ProtocolError:
                 continue  # closed meanwhile, or not TCP
-            if unheard(info, quiet_s, made_s < probe_started_s):
+            if dead(info, quiet_s, made_s < probe_started_s):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 dropped += 1
@@ -131,7 +138,8 @@ class TrackedSockets:
 class LinkWatch:
     """Probes a server while a fetch's failure is unresolved; at the first connect after
     an outage (a probe refused or unanswered first), shuts down the sockets of
-    ``tracked`` that `unheard` says the outage left dead and counts a return (`returns`).
+    ``tracked`` that ``dead`` (`unheard` unless told) says the outage left dead and
+    counts a return (`returns`).
     A first probe that connects ends the watch with no return: the server was never out
     of reach. Use within one event loop; `close` ends the probing."""
 
@@ -141,11 +149,13 @@ class LinkWatch:
         port: int,
         tracked: TrackedSockets,
         rtt_s: Callable[[], float | None],
+        dead: DeadRule = unheard,
     ) -> None:
         self.host = host
         self.port = port
         self.tracked = tracked
         self._rtt_s = rtt_s
+        self._dead = dead
         self.returns = 0
         """Link returns noticed so far (a worker compares it before and after a wait)."""
         self.dropped = 0
@@ -225,7 +235,7 @@ class LinkWatch:
             # so a server that accepts and then fails every request is not asked in a loop.
             trace.count("link_watches_without_outage")
             return
-        dropped = self.tracked.drop_unheard(time.monotonic() - since_s, connected_s)
+        dropped = self.tracked.drop_unheard(time.monotonic() - since_s, connected_s, self._dead)
         self.returns += 1
         self.dropped += dropped
         returned, self._returned = self._returned, None

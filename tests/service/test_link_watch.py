@@ -332,8 +332,22 @@ async def test_wait_return_wakes_at_the_return_and_times_out_without_one() -> No
             listener.close()
 
 
+@pytest.fixture
+def web_links(monkeypatch: pytest.MonkeyPatch) -> list[weblink.WebLink]:
+    """The `WebLink` of each web sync the test runs (the real one, kept for its counts)."""
+    links: list[weblink.WebLink] = []
+
+    class SeenWebLink(weblink.WebLink):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            links.append(self)
+
+    monkeypatch.setattr(httpdir, "WebLink", SeenWebLink)
+    return links
+
+
 async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, web_links: list[weblink.WebLink]
 ) -> None:
     """A web origin's sync (`netopt.cache.weblink`) through a proxy that goes dark
     mid-file: its stalled answer is dropped, its retries are refused, its watch sees the
@@ -361,14 +375,6 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
             await resp.write_eof()
         return resp
 
-    links: list[weblink.WebLink] = []
-
-    class SeenWebLink(weblink.WebLink):  # the real one, kept for its counts
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            links.append(self)
-
-    monkeypatch.setattr(httpdir, "WebLink", SeenWebLink)
     async with web_origin(listing, file) as url:
         proxy = Proxy(int(url.split(":")[2].split("/")[0]))
         await proxy.start()
@@ -390,7 +396,7 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
             await asyncio.gather(syncing, return_exceptions=True)
             await proxy.close()
     assert (tmp_path / "dst" / "data.bin").read_bytes() == data
-    (link,) = links
+    (link,) = web_links
     assert link.retries >= 1  # the stalled answer failed and was asked again
     assert link.watch.returns >= 1  # the watch saw the proxy answer again
     assert ranges[0] is None
@@ -401,3 +407,86 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
 
 WEB_FILE_BYTES = 12 << 20
 WEB_PIECE_BYTES = 64 << 10
+
+
+async def test_the_web_rule_drops_a_quiet_connection_that_owes_nothing_at_the_return() -> None:
+    """`weblink.silent` at a real return: a connection waiting for an answer that the
+    outage holds (it owes nothing, hears nothing) is shut down, where `unheard` keeps
+    it; one that kept hearing from its peer is kept."""
+    loop = asyncio.get_running_loop()
+    server_port = free_port()
+    peers = socket.socket()
+    peers.bind(("127.0.0.1", 0))
+    peers.listen(8)
+    peers.setblocking(False)
+    tracked = TrackedSockets()
+    watch = LinkWatch("127.0.0.1", server_port, tracked, lambda: None, weblink.silent)
+    waiting, waiting_peer = await _connected_pair(peers)
+    busy, busy_peer = await _connected_pair(peers)
+    for sock in (waiting, busy):
+        tracked.add(sock)
+    listener: asyncio.Server | None = None
+
+    async def feed() -> None:
+        while True:
+            await loop.sock_sendall(busy_peer, b"x")
+            await asyncio.sleep(0.02)
+
+    feeding = asyncio.ensure_future(feed())
+    try:
+        await asyncio.sleep(0.2)  # the waiting one has been quiet since before the suspicion
+        watch.failed(quiet_s=0.0)  # an answer late to begin: suspect from now
+        await asyncio.sleep(0.6)  # refused probes; the waiting one hears nothing
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        listener = await asyncio.start_server(on_connect, "127.0.0.1", server_port)
+        assert await watch.wait_return(0, WAIT_BOUND_S)
+        assert watch.dropped == 1
+        assert await asyncio.wait_for(loop.sock_recv(waiting, 10), WAIT_BOUND_S) == b""
+        assert read_tcp_info(busy).state == TCP_ESTABLISHED
+        busy.setblocking(False)
+        assert await asyncio.wait_for(loop.sock_recv(busy, 10), WAIT_BOUND_S)
+    finally:
+        feeding.cancel()
+        await asyncio.gather(feeding, return_exceptions=True)
+        await watch.close()
+        if listener is not None:
+            listener.close()
+        for sock in (waiting, waiting_peer, busy, busy_peer, peers):
+            sock.close()
+
+
+async def test_a_slow_web_origin_is_probed_once_and_waited_for_not_asked_again(
+    tmp_path: Path, web_links: list[weblink.WebLink]
+) -> None:
+    """An answer that begins only after the stall timeout (2 s on loopback) has the
+    watch probe; the origin answers the probe at once (never out of reach), so nothing
+    is dropped and the request is not asked again: its late answer is the one used."""
+    data = os.urandom(100_000)
+    gets = 0
+
+    async def listing(request: web.Request) -> web.Response:
+        return listing_page(["data.bin"])
+
+    async def file(request: web.Request) -> web.StreamResponse:
+        nonlocal gets
+        gets += 1
+        await asyncio.sleep(SLOW_ORIGIN_S)  # a slow origin: its answer begins late
+        return web.Response(body=data, headers={"ETag": '"v1"'})
+
+    async with web_origin(listing, file) as url:
+        options = SyncOptions(retry_window_s=30, backoff_initial_s=0.2, backoff_max_s=1.0)
+        await run_sync(web_request(url, tmp_path / "dst", tmp_path / "cache", sync_options=options))
+    assert (tmp_path / "dst" / "data.bin").read_bytes() == data
+    (link,) = web_links
+    assert link.suspicions == 1
+    assert link.watch.returns == 0
+    assert link.watch.dropped == 0
+    assert link.retries == 0
+    assert gets == 1
+
+
+SLOW_ORIGIN_S = 3.0
+"""Past the stall timeout on loopback (`STALL_MIN_S`, 2 s)."""

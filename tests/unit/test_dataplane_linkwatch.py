@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from netopt.cache.weblink import silent
 from netopt.chunking import chunk_bytes
 from netopt.dataplane.chunkio import MemoryChunkSink, MemoryChunkSource
 from netopt.dataplane.linkwatch import PROBE_TIMEOUT_MIN_S, probe_timeout_s, unheard
@@ -129,3 +130,15 @@ async def test_a_bad_copy_waits_its_backoff_without_a_watch(tmp_path: Path) -> N
     with _waiting_run(tmp_path, 0.05) as (source, run):
         assert await run.back_off(IntegrityError("bad copy"), 2, 0) == 2
         assert source.watch_started == 0
+
+
+def test_the_web_rule_drops_what_heard_nothing_since_the_outage_began() -> None:
+    """`silent`: a connection quiet since the outage began is dead whether or not it owes
+    anything (its answer waits in the origin's retransmission backoff); one that heard
+    from the origin since is kept; a handshake goes only if sent before the probe."""
+    assert silent(_info(TCP_ESTABLISHED, 3000, 2600), 2.5, False)  # owes nothing: dead
+    assert silent(_info(TCP_ESTABLISHED, 3000, 2600, unacked=2), 2.5, False)
+    assert not silent(_info(TCP_ESTABLISHED, 40, 9000), 2.5, False)  # data came lately
+    assert not silent(_info(TCP_ESTABLISHED, 9000, 40), 2.5, False)  # acks came lately
+    assert silent(_info(SYN_SENT, 0, 0), 2.5, True)
+    assert not silent(_info(SYN_SENT, 0, 0), 2.5, False)
