@@ -1,6 +1,8 @@
 """The link watch on real sockets: probes until the server accepts, then drops the
-handshakes sent into the outage and keeps the connections that owe nothing; and a
-sync through a proxy that goes dark and comes back notices the return.
+handshakes sent into the outage and keeps the connections that owe nothing (the web
+engine's rule, `weblink.silent`, drops those too); a sync through a proxy that goes
+dark and comes back notices the return, from a netopt server and from a web origin;
+a slow web origin is probed once and waited for.
 
 A real cut (packets lost, TCP's timers backing off, a connection's sent bytes left
 unacknowledged) needs network namespaces: `tests/lab/test_sync_recovery_lab.py` and

@@ -5,7 +5,8 @@ listed size cannot grow the spool past it.
 
 The origin is a real aiohttp server on loopback that lists a directory, answers HEAD
 and ranged GETs (``If-Range`` against its ETag) and can cut a download after a given
-number of bytes, as a link cut or an origin restart does.
+number of bytes, as a link cut or an origin restart does, or stall it (the connection
+open, nothing more sent), as a cut TCP has not noticed does.
 """
 
 from __future__ import annotations
