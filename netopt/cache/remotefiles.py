@@ -44,7 +44,7 @@ __all__ = [
 MAX_FILES = 100_000
 """The most files a source without a manifest may list (a web directory, a bucket prefix)."""
 
-CONNECTIONS_AT_ONCE = 64
+CONNECTIONS_AT_ONCE = 128
 """The most connections such a source opens at once: its downloads, and the parts of
 its large files (`netopt.cache.spool`), share them."""
 
@@ -52,9 +52,10 @@ DOWNLOADS_AT_ONCE = CONNECTIONS_AT_ONCE
 """Files such a source downloads at once, one a connection. A tree of small files
 from an origin without a manifest costs a round trip or more per file, whatever the
 link's rate, so its time falls with the files in flight: the benchmark's 4,800 images
-from a web origin over the lab's 140 ms link took 44.3 s at 32 at once, 25.0 s at 64
-(one at a time it waited a round trip per file; rclone copies 4 files at once by
-default, aria2c 5, S3 clients such as s5cmd 256)."""
+from a web origin over the lab's 140 ms link took 44.3 s at 32 at once, 25.0 s at 64,
+19.3-21.1 s at 128 (25.6-25.9 s at 64 the same day) and 22.5 s at 256, where the
+client's CPU held it (one at a time it waited a round trip per file; rclone copies 4
+files at once by default, aria2c 5, S3 clients such as s5cmd 256)."""
 
 T = TypeVar("T")
 
