@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from netopt.dataplane import trace
-from netopt.dataplane.httpsource import stall_timeout_s
+from netopt.dataplane.httpsource import stall_timeout_s, watch_stalls
 from netopt.dataplane.linkwatch import LinkWatch, TrackedSockets
 from netopt.dataplane.sockets import set_user_timeout
 from netopt.dataplane.syncrun import backoff_delay_s
@@ -136,7 +136,8 @@ class WebLink:
 
     async def _request_sent(self, _s: object, ctx: SimpleNamespace, _p: object) -> None:
         # From the request on its connection: one waiting for a free connection is not
-        # suspect.
+        # suspect. A redirect sends again: the first request's timer goes.
+        _unsuspect(ctx)
         ctx.suspect = asyncio.get_running_loop().call_later(self.stall_s, self._suspect)
 
     async def _response_started(
@@ -165,19 +166,11 @@ class WebLink:
 
     def _arm(self, resp: aiohttp.ClientResponse) -> None:
         """Its headers came: the round trip is measured once (TCP_INFO of the connections
-        so far), and its body fails once nothing arrives for `stall_s` (aiohttp's clock
-        stops while this side is the slow one). A body that came with its headers has
-        left its connection already."""
+        so far), and its body fails once nothing arrives for `stall_s`
+        (`netopt.dataplane.httpsource.watch_stalls`, the netopt:// engine's own)."""
         if self.rtt_s is None:
             self.rtt_s = self._sockets.shortest_rtt_s()
-        conn = resp.connection
-        if conn is None or conn.protocol is None or conn.transport is None:
-            return
-        sock = conn.transport.get_extra_info("socket")
-        if sock is not None:
-            set_user_timeout(sock, self.stall_s)
-        conn.protocol.read_timeout = self.stall_s
-        conn.protocol.start_timeout()
+        watch_stalls(resp, self.stall_s)
 
     async def again(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, asked again while it fails to reach the origin (`failed_to_reach`):

@@ -83,6 +83,7 @@ __all__ = [
     "parse_dataset_url",
     "stall_timeout_s",
     "stream_versions_at_end",
+    "watch_stalls",
 ]
 
 _URL_RE = re.compile(r"^netopt://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})/([^/?#]+)$")
@@ -112,6 +113,22 @@ def stall_timeout_s(rtt_s: float | None) -> float:
     if rtt_s is None:
         return STALL_MAX_S
     return min(max(STALL_MIN_S, STALL_RTTS * rtt_s), STALL_MAX_S)
+
+
+def watch_stalls(resp: aiohttp.ClientResponse, stall_s: float) -> None:
+    """Arm stall detection on ``resp``'s connection, its headers just in: aiohttp fails
+    the read once no byte has arrived for ``stall_s`` (its clock stops while this side
+    is the slow one), and the kernel drops the connection once what this side sent
+    stays unacknowledged that long. Nothing for an answer that has left its connection
+    (its body came with its headers)."""
+    conn = resp.connection
+    if conn is None or conn.protocol is None:
+        return
+    conn.protocol.read_timeout = stall_s
+    conn.protocol.start_timeout()  # the headers just came: the clock starts now
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is not None:
+        set_user_timeout(sock, stall_s)
 
 
 @dataclass(frozen=True)
@@ -314,20 +331,9 @@ class HttpChunkSource:
         return self.link_watch.returns
 
     def _watch_stalls(self, resp: aiohttp.ClientResponse) -> None:
-        """Arm stall detection on ``resp``'s connection: aiohttp fails the read once no
-        byte has arrived for `stall_timeout_s` (its clock stops while this side is the
-        slow one), and the kernel drops the connection once what this side sent stays
-        unacknowledged that long. The stream then breaks, and the sync engine asks
-        again on a fresh connection."""
-        conn = resp.connection
-        if conn is None or conn.protocol is None:
-            return
-        stall_s = self.stall_timeout_s
-        conn.protocol.read_timeout = stall_s
-        conn.protocol.start_timeout()  # the headers just came: the clock starts now
-        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
-        if sock is not None:
-            set_user_timeout(sock, stall_s)
+        """Arm stall detection on ``resp``'s connection (`watch_stalls`): the stream then
+        breaks, and the sync engine asks again on a fresh connection."""
+        watch_stalls(resp, self.stall_timeout_s)
 
     async def _check_data_response(self, resp: aiohttp.ClientResponse, where: str) -> None:
         self._watch_stalls(resp)

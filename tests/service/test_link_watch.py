@@ -44,7 +44,7 @@ from netopt.dataplane.linkwatch import MAX_PROBES, LinkWatch, TrackedSockets
 from netopt.dataplane.sync import SyncOptions
 from netopt.errors import NetworkError
 from netopt.tcpinfo import TCP_ESTABLISHED, read_tcp_info
-from tests.service.cache_helpers import listing_page, web_origin
+from tests.service.cache_helpers import listing_page, tree, web_origin
 from tests.service.cache_helpers import request as web_request
 from tests.service.coordinator_helpers import free_port
 
@@ -351,18 +351,24 @@ def web_links(monkeypatch: pytest.MonkeyPatch) -> list[weblink.WebLink]:
 async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
     tmp_path: Path, web_links: list[weblink.WebLink]
 ) -> None:
-    """A web origin's sync (`netopt.cache.weblink`) through a proxy that goes dark
-    mid-file: its stalled answer is dropped, its retries are refused, its watch sees the
-    proxy answer again, and the file is resumed, not fetched again whole."""
-    data = os.urandom(WEB_FILE_BYTES)
+    """A web origin's sync (`netopt.cache.weblink`) of a large file and `WEB_SMALL_FILES`
+    small ones through a proxy that goes dark with many answers in flight: the stalled
+    answers are dropped, their retries refused, the watch sees the proxy answer again,
+    every file ends byte for byte, and the large one is resumed, not fetched again
+    whole."""
+    files = {"data.bin": os.urandom(WEB_FILE_BYTES)}
+    files.update({f"s{i:03d}.bin": os.urandom(20_000 + 997 * i) for i in range(WEB_SMALL_FILES)})
     ranges: list[str | None] = []
 
     async def listing(request: web.Request) -> web.Response:
-        return listing_page(["data.bin"])
+        return listing_page(files)
 
     async def file(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        data = files[name]
         asked = request.headers.get("Range")
-        ranges.append(asked)
+        if name == "data.bin":
+            ranges.append(asked)
         start = int(asked.removeprefix("bytes=").split("-")[0]) if asked else 0
         headers = {"ETag": '"v1"'}  # no Accept-Ranges: one GET, not parts
         if asked:
@@ -371,7 +377,8 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
         resp.content_length = len(data) - start
         await resp.prepare(request)
         with contextlib.suppress(ConnectionError, RuntimeError):
-            for at in range(start, len(data), WEB_PIECE_BYTES):  # ~5 MB/s: mid-file at the cut
+            # ~5 MB/s an answer: many answers in flight at the cut, the large one mid-file
+            for at in range(start, len(data), WEB_PIECE_BYTES):
                 await resp.write(data[at : at + WEB_PIECE_BYTES])
                 await asyncio.sleep(0.01)
             await resp.write_eof()
@@ -386,7 +393,7 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
             run_sync(web_request(via, tmp_path / "dst", tmp_path / "cache", sync_options=options))
         )
         try:
-            await _until(lambda: proxy.sent_to_clients > 1_000_000 or syncing.done(), "1 MB")
+            await _until(lambda: proxy.sent_to_clients > 3_000_000 or syncing.done(), "3 MB")
             assert not syncing.done()
             proxy.go_dark()
             await asyncio.sleep(3.0)  # past the stall timeout (2 s on loopback)
@@ -397,9 +404,9 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
             syncing.cancel()
             await asyncio.gather(syncing, return_exceptions=True)
             await proxy.close()
-    assert (tmp_path / "dst" / "data.bin").read_bytes() == data
+    assert tree(tmp_path / "dst") == files
     (link,) = web_links
-    assert link.retries >= 1  # the stalled answer failed and was asked again
+    assert link.retries > 1  # the stalled answers failed and were asked again
     assert link.watch.returns >= 1  # the watch saw the proxy answer again
     assert ranges[0] is None
     resumed = [int(a.removeprefix("bytes=").removesuffix("-")) for a in ranges[1:] if a]
@@ -408,6 +415,9 @@ async def test_a_web_sync_through_a_proxy_that_goes_dark_notices_its_return(
 
 
 WEB_FILE_BYTES = 12 << 20
+WEB_SMALL_FILES = 400
+"""More than the connections a web origin gets at once (128): some wait, some are in
+flight at the cut."""
 WEB_PIECE_BYTES = 64 << 10
 
 
