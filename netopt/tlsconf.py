@@ -30,7 +30,6 @@ missing client certificate, a peer that does not speak TLS.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import ipaddress
 import logging
@@ -370,6 +369,8 @@ async def certificate_watch(
 ) -> None:
     """Until cancelled: every ``interval_s``, take a renewed certificate into ``ctx``
     (renewal while running: ``netopt tls renew`` needs no restart)."""
+    import asyncio  # here: the CLI's clients import this module before asyncio is needed
+
     if ctx is None or section.cert is None or section.key is None:
         return
     seen: object = _mtimes(section.cert, section.key)

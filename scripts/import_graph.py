@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent / "netopt"
 LAYERS: tuple[frozenset[str], ...] = (
     # 1. leaves: the error tree and the homes of shared rules
     frozenset({"errors", "names", "tcpmath", "tcpinfo", "percentile", "fsutil", "durable",
-               "chunking", "webshell", "logfmt", "tlsconf", "tlsca", "cachepaths"}),
+               "chunking", "webshell", "logfmt", "tlsconf", "tlsca", "cachepaths",
+               "tokens"}),
     # 2. the wire contract and configuration
     frozenset({"wire", "config"}),
     # 3. decisions and measurement

@@ -16,10 +16,8 @@ import threading
 from typing import Any, cast
 
 import click
-from rich.markup import escape
 
 from netopt import __version__
-from netopt.cli.output import err_console, print_json
 from netopt.errors import EXIT_FAILURE, EXIT_USAGE, NetoptError
 from netopt.logfmt import LOG_FORMATS, LogFormat, formatter
 
@@ -98,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         _report(exc, argv)
         return exc.exit_code
     except click.exceptions.Abort:
-        err_console.print("aborted")
+        _say("aborted")
         return EXIT_FAILURE
     except click.ClickException as exc:
         exc.show()
         return EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        _say("interrupted")
         return 130
     return result if isinstance(result, int) else 0
 
@@ -135,7 +133,17 @@ def run() -> None:
     os._exit(code)
 
 
+def _say(message: str) -> None:
+    from netopt.cli.output import err_console  # rich: imported when there is something to say
+
+    err_console.print(message)
+
+
 def _report(exc: NetoptError, argv: list[str] | None) -> None:
+    from rich.markup import escape
+
+    from netopt.cli.output import err_console, print_json
+
     args = sys.argv[1:] if argv is None else argv
     if "--json" in args:
         print_json(exc.to_dict())

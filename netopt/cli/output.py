@@ -1,19 +1,39 @@
-"""How CLI commands report: a rich table for people, JSON for programs."""
+"""How CLI commands report: a rich table for people, JSON for programs.
+
+rich is imported when ``console`` or ``err_console`` is first used, not with this
+module: ``netopt sync --json`` prints with `print_json` and never loads it (30-40 ms
+of a short sync's start-up).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["console", "err_console", "print_json", "print_table"]
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False)
+console: Console  # stdout; declared, not bound: made by `__getattr__` on first use
+err_console: Console  # stderr, likewise
+
+
+def __getattr__(name: str) -> Console:
+    """``console`` (stdout) and ``err_console`` (stderr), made on first use."""
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    made = (
+        Console(stderr=True, highlight=False)
+        if name == "err_console"
+        else (Console(highlight=False, soft_wrap=True))
+    )
+    globals()[name] = made  # later lookups find it without calling this again
+    return made
 
 
 def print_json(data: Any) -> None:
@@ -24,6 +44,8 @@ def print_json(data: Any) -> None:
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """Print rows as a table (numbers right-aligned)."""
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False)
     first = rows[0] if rows else []
     for i, name in enumerate(columns):
@@ -31,7 +53,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         table.add_column(name, justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    __getattr__("console").print(table)
 
 
 def _cell(value: Any) -> str:

@@ -7,24 +7,23 @@ resolved once (`netopt.config.node.resolve_node`); the sync itself is
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
 import click
 
 from netopt.cli.options import CC_CHOICES, congestion_control
-from netopt.cli.output import console, err_console, print_json
 from netopt.cli.tls_opts import client_tls_options
-from netopt.config import cli_token, resolve_token
-from netopt.config.discovery import coordinator_url as default_coordinator_url
 from netopt.errors import UsageError, ValidationError
+from netopt.tokens import cli_token, resolve_token
 
 if TYPE_CHECKING:
     # The rest is imported where used: ``netopt sync`` starts its first requests (see
-    # netopt.dataplane.prefetch) before it imports aiohttp and the sync engine, and not
-    # every sync needs region sharing or a progress bar.
+    # netopt.dataplane.prefetch) before it imports asyncio, aiohttp, the config loader,
+    # rich and the sync engine, and not every sync needs region sharing or a progress
+    # bar. Importing them first put 0.1 s of imports before those requests.
     from netopt.cache.shared import SharingOptions
     from netopt.config.node import NodeSettings
     from netopt.dataplane.synctypes import SyncProgress
@@ -45,6 +44,8 @@ class _Bar:
             TimeRemainingColumn,
             TransferSpeedColumn,
         )
+
+        from netopt.cli.output import err_console
 
         self.progress = Progress(
             TextColumn("{task.description}"),
@@ -295,14 +296,20 @@ def sync_command(
             s3=S3Options(endpoint_url=s3_endpoint_url, region=s3_region, profile=s3_profile),
         ),
     )
-    bar = _Bar() if not as_json and not dry_run and err_console.is_terminal else None
+    import asyncio
+
+    from netopt.cli.output import print_json
     from netopt.dataplane.sync import gc_batch_thresholds
+
+    bar = _Bar() if not as_json and not dry_run and _stderr_is_terminal() else None
 
     with bar.progress if bar is not None else contextlib.nullcontext(), gc_batch_thresholds():
         report = asyncio.run(run_sync(request, on_progress=bar.update if bar else None))
     if as_json:
         print_json(report.to_dict())
         return 0
+    from netopt.cli.output import console
+
     plan = report.plan
     if dry_run:
         console.print(
@@ -323,11 +330,22 @@ def sync_command(
     return 0
 
 
+def _stderr_is_terminal() -> bool:
+    """Whether a progress bar goes to stderr: rich's own rule, asked only when stderr is
+    a terminal at all (rich is not loaded otherwise)."""
+    if not sys.stderr.isatty():
+        return False
+    from netopt.cli.output import err_console
+
+    return err_console.is_terminal
+
+
 def link_coordinator(sharing: SharingOptions | None, here: NodeSettings) -> CoordinatorRef | None:
     """Where the sync looks up the measured link to a netopt server's node: the sharing
     coordinator, else --coordinator, coordinator_url of --config or NETOPT_COORDINATOR
     (this node: --node, the config's node, else found by its address); None without one
     or without a token for it."""
+    from netopt.config.discovery import coordinator_url as default_coordinator_url
     from netopt.transfer.linklookup import CoordinatorRef
 
     if sharing is not None:

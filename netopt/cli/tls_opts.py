@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import click
 
-from netopt.config import TlsSettings
-from netopt.config.loader import Invalid
-from netopt.config.node import agent_settings
 from netopt.errors import UsageError
 from netopt.tlsconf import ClientTls, section_client_tls, use_client_tls
+
+# The config loader (YAML, every settings class) is imported where a command's options
+# need it, not here: ``netopt sync`` starts its first requests before that import.
 
 __all__ = [
     "client_tls_options",
@@ -71,6 +71,8 @@ def client_tls_options(agent_config: str | None = None) -> Callable[[F], F]:
             )
             config_file = kwargs.get(agent_config) if agent_config else None
             if config_file and not (tls_ca or tls_cert or tls_key):
+                from netopt.config.node import agent_settings
+
                 section = agent_settings(config_file).tls
                 tls = section_client_tls(section, f"{config_file}: tls")
                 tls = dataclasses.replace(tls, insecure=tls.insecure or insecure)
@@ -94,6 +96,8 @@ def service_tls_options(func: F) -> F:
 
 def with_tls_options(settings: Any, cert: str | None, key: str | None, ca: str | None) -> Any:
     """``settings`` with its ``tls:`` section overridden by the options that were given."""
+    from netopt.config.loader import Invalid
+
     given = {k: v for k, v in (("cert", cert), ("key", key), ("ca", ca)) if v is not None}
     if not given:
         return settings
@@ -117,6 +121,9 @@ def serve_tls_options(func: F) -> F:
         allow_plaintext: bool,
         **kwargs: Any,
     ) -> Any:
+        from netopt.config import TlsSettings
+        from netopt.config.loader import Invalid
+
         try:
             tls = TlsSettings(tls_cert, tls_key, tls_ca, require_client_cert, allow_plaintext)
         except Invalid as exc:

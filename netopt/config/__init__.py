@@ -27,8 +27,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, overload
 
-import yaml
-
 from netopt.config.common import ListenAddress, TlsSettings
 from netopt.config.datasets import DatasetSpec, DatasetsSettings
 from netopt.config.lab import LabTopology, LinkShape, LinkSpec, RegionSpec
@@ -43,6 +41,7 @@ from netopt.config.services import (
     SpoolSettings,
 )
 from netopt.errors import ConfigError
+from netopt.tokens import TOKEN_ENV, cli_token, resolve_token
 
 __all__ = [
     "KINDS",
@@ -85,7 +84,6 @@ KINDS: dict[str, type[Any]] = {
     "links": LinksSettings,
 }
 _OVERRIDABLE = ("agent", "coordinator")
-_TOKEN_ENV = "NETOPT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
 S = TypeVar("S")
 
@@ -192,14 +190,16 @@ def settings_from_data(
     if found in _OVERRIDABLE and env:
         data, source = _apply_overrides(data, source, found, env)
     settings = convert(KINDS[found], data, source)
-    if found in _OVERRIDABLE and env and env.get(_TOKEN_ENV):
-        settings = replace(settings, token=env[_TOKEN_ENV], token_file=None)
+    if found in _OVERRIDABLE and env and env.get(TOKEN_ENV):
+        settings = replace(settings, token=env[TOKEN_ENV], token_file=None)
     return cast(Settings, settings)
 
 
 def _apply_overrides(
     data: dict[str, Any], source: SourceMap, kind: str, env: Mapping[str, str]
 ) -> tuple[dict[str, Any], SourceMap]:
+    import yaml  # here: a command that reads no settings file never loads it
+
     prefix = f"NETOPT_{kind.upper()}__"
     lines = dict(source.lines)
     for name in sorted(env):
@@ -224,62 +224,6 @@ def _apply_overrides(
         node[keys[-1]] = value
         lines.pop(tuple(keys), None)
     return data, SourceMap(source.file, lines)
-
-
-def resolve_token(token: str | None, token_file: str | None, file: str | None = None) -> str:
-    """The shared secret of a service, from the settings or its token file.
-
-    Raises ConfigError when neither is set or the file is unreadable or too short.
-    """
-    if token:
-        return token
-    if token_file is None:
-        raise ConfigError(
-            "no shared token is configured",
-            file=file,
-            key_path="token_file",
-            expected=f"token_file, token, or the {_TOKEN_ENV} environment variable",
-        )
-    try:
-        secret = Path(token_file).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read {token_file}: {exc.strerror}",
-            file=file,
-            key_path="token_file",
-            expected="a readable file holding the token",
-        ) from None
-    if len(secret) < 16:
-        raise ConfigError(
-            f"{token_file} holds fewer than 16 characters",
-            file=file,
-            key_path="token_file",
-            expected="a random secret of 16+ characters",
-        )
-    return secret
-
-
-@overload
-def cli_token(token_file: str | None, *, required: Literal[True] = True) -> str: ...
-@overload
-def cli_token(token_file: str | None, *, required: bool) -> str | None: ...
-def cli_token(token_file: str | None, *, required: bool = True) -> str | None:
-    """The shared token for a command-line client: ``--token-file`` if given (it beats
-    the environment), else ``NETOPT_TOKEN``.
-
-    Raises ConfigError when the file is unreadable or short, or when neither is given
-    and ``required``; otherwise returns None then.
-    """
-    if token_file is not None:
-        return resolve_token(None, token_file)
-    value = os.environ.get(_TOKEN_ENV, "").strip()
-    if value:
-        return value
-    if required:
-        raise ConfigError(
-            "no token given", key_path="token", expected=f"{_TOKEN_ENV} or --token-file FILE"
-        )
-    return None
 
 
 SECRET_KEYS = frozenset({"token", "password", "secret", "secret_access_key"})

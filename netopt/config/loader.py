@@ -20,11 +20,13 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
-
-import yaml
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from netopt.errors import ConfigError, ValidationError
+
+if TYPE_CHECKING:
+    import yaml
+    from yaml.constructor import SafeConstructor
 
 __all__ = [
     "BYTES",
@@ -155,15 +157,13 @@ def parse_byte_size(value: object) -> int:
 # --------------------------------------------------------------------------- YAML
 
 
-class _Constructor(yaml.constructor.SafeConstructor):
-    pass
-
-
 def parse_yaml(text: str, file: str) -> tuple[Any, SourceMap]:
     """Parse one YAML document, recording the line of every key and item.
 
     Duplicate keys are errors (YAML allows them silently; a config must not).
     """
+    import yaml  # here, not at the top: a command that reads no file never loads it
+
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -176,7 +176,7 @@ def parse_yaml(text: str, file: str) -> tuple[Any, SourceMap]:
     lines: dict[KeyPath, int] = {}
     if node is None:
         return {}, SourceMap(file, lines)
-    constructor = _Constructor()
+    constructor = yaml.constructor.SafeConstructor()
     data = _build(node, (), lines, constructor, file)
     return data, SourceMap(file, lines)
 
@@ -185,9 +185,11 @@ def _build(
     node: yaml.Node,
     path: KeyPath,
     lines: dict[KeyPath, int],
-    constructor: _Constructor,
+    constructor: SafeConstructor,
     file: str,
 ) -> Any:
+    import yaml
+
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         constructor.flatten_mapping(node)

@@ -59,6 +59,7 @@ SYNC_STARTUP_MODULES = (
     "netopt.cli.cache_cmd",
     "netopt.cache.syncer",
     "netopt.dataplane.client",
+    "netopt.config.discovery",
 )
 """What a ``netopt sync`` process imports before it moves a byte: the CLI, the cache's
 sync driver and its sources (aiohttp among them) and the data-plane client."""

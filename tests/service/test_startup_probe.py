@@ -59,3 +59,5 @@ def test_a_small_sync_leaves_the_certificate_library_unloaded(tmp_path: Path) ->
     imported = {m[1] for line in proc.stderr.splitlines() if (m := _IMPORTED.match(line))}
     assert "netopt.cache.syncer" in imported
     assert sorted(m for m in imported if m.split(".")[0] == "cryptography") == []
+    # --json prints with print_json: rich (the people's output) is never loaded.
+    assert sorted(m for m in imported if m.split(".")[0] == "rich") == []

@@ -34,8 +34,8 @@ def test_the_package_graph_has_no_cycle() -> None:
 def test_the_wire_contract_and_config_import_only_leaves() -> None:
     graph = package_graph()
     assert graph["wire"] <= {"errors", "names", "webshell", "tlsconf"}, graph["wire"]
-    # below nccl, wire; the default cache directory's home is a leaf (`cachepaths`)
-    assert graph["config"] <= {"errors", "names", "cachepaths"}, graph["config"]
+    # below nccl, wire; the default cache directory's home and the token's are leaves
+    assert graph["config"] <= {"errors", "names", "cachepaths", "tokens"}, graph["config"]
     for name in ("agent", "cache", "nccl", "transfer", "doctor", "torch", "demo"):
         assert "coordinator" not in graph[name], name  # clients reach the service via wire
 
