@@ -178,7 +178,7 @@ class OpenedServed(OpenedSource):
         """DEST then holds the older version whole; the restart brings the delta. With
         region sharing (chunks from peers too, maybe after the origin's last stream) it
         always asks."""
-        if not shared and self.served.version_at_end() == self.manifest.manifest_id:
+        if not shared and await self.served.version_at_end() == self.manifest.manifest_id:
             # Every chunk came over streams whose server named this version after its last
             # read: the check rode on their ends, no request (a round trip) needed.
             trace.count("version_check_on_stream_end")

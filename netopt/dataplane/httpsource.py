@@ -62,6 +62,7 @@ from netopt.dataplane.throttle import TokenBucket
 from netopt.errors import (
     AuthenticationError,
     DatasetChangedError,
+    NetoptError,
     NetworkError,
     ProtocolError,
     TlsError,
@@ -75,6 +76,7 @@ from netopt.transfer.planner import CpuProfile, SampleProfile
 from netopt.transfer.profile import cpu_profile_from_dict
 
 __all__ = [
+    "MAX_CUT_CHECKS",
     "ClientOptions",
     "DatasetInfo",
     "DatasetUrl",
@@ -96,6 +98,10 @@ FIRST_BYTE = "request time to first byte"
 _CONNECTING: contextvars.ContextVar[Any] = contextvars.ContextVar("netopt_connecting")
 """The trace context of the connection being created in this task: the socket factory
 marks it when it hands over a socket the prefetch connected (no handshake happens then)."""
+MAX_CUT_CHECKS = 8
+"""Streams cut with chunks delivered whose version is asked for as they close (see
+`HttpChunkSource.stream_closed`); past these (a link that keeps breaking streams) the
+sync's end asks once, as it does for every stream without an end frame."""
 STALL_MIN_S = 2.0
 STALL_MAX_S = 10.0
 STALL_RTTS = 4
@@ -242,6 +248,9 @@ class HttpChunkSource:
         self.zstd_level = zstd_level
         self.wire_bytes = 0
         self._stream_versions: list[str | None] = []
+        self._cut_checks: list[tuple[float, asyncio.Task[str | None]]] = []
+        """The versions asked for as streams that delivered chunks closed without an end
+        frame (`stream_closed`), each with when it was asked; at most `MAX_CUT_CHECKS`."""
         self._other_routes = False
         self._answered = False
         """True once a request of this source got its answer's headers."""
@@ -500,17 +509,61 @@ class HttpChunkSource:
         self.wire_bytes += n_bytes
 
     def stream_closed(self, stream: HttpChunkStream) -> None:
-        """Note what a closed stream that delivered chunks saw at its end."""
-        if stream.frames_read:
-            self._stream_versions.append(stream.end_version)
+        """Note what a closed stream that delivered chunks saw at its end.
 
-    def version_at_end(self) -> str | None:
+        A stream closed without its end frame (cut in the tail, where another stream's
+        copy of its last chunk came first, or broken) names no version after its last
+        chunk was read. The server had read every chunk it delivered before the client
+        had it, so a version asked for once the last one was in stands in for the
+        missing end frame (`_ask_version_after`). Asked in the tail, its answer is in
+        before the sync ends, which then need not ask (a round trip) as it did.
+        """
+        if not stream.frames_read:
+            return
+        if stream.end_version is not None:
+            self._stream_versions.append(stream.end_version)
+        elif not self._ask_version_after(stream):
+            self._stream_versions.append(None)  # past the bound: the end asks
+
+    def may_be_cut(self, stream: HttpChunkStream) -> None:
+        """``stream`` waits for a chunk that another stream was asked for too (the tail's
+        steal): whichever copy comes second is cut off, maybe this stream's. The version
+        is asked for now, after its last frame: if it is cut, that answer covers it, and
+        has had the steal's time to come in (asked as it is cut, the tail's last cut
+        came a round trip before the end)."""
+        if stream.frames_read:
+            self._ask_version_after(stream)
+
+    def _ask_version_after(self, stream: HttpChunkStream) -> bool:
+        """Make sure a version is asked for after ``stream``'s last frame: one asked
+        already for another stream, if asked after it; else one asked now. False when
+        neither: `MAX_CUT_CHECKS` are asked already."""
+        if any(asked_s >= stream.last_frame_s for asked_s, _ in self._cut_checks):
+            trace.count("version_checks_shared")
+            return True
+        if len(self._cut_checks) >= MAX_CUT_CHECKS:
+            return False
+        trace.count("version_checks_at_cut")
+        asked_s = time.monotonic()
+        self._cut_checks.append((asked_s, asyncio.ensure_future(self._version_now())))
+        return True
+
+    async def _version_now(self) -> str | None:
+        """The server's dataset version as of now; None when it cannot be asked."""
+        try:
+            return (await self.fetch_info()).manifest_id
+        except NetoptError:
+            return None
+
+    async def version_at_end(self) -> str | None:
         """The dataset version the server named after the last chunk read
         (`stream_versions_at_end` of what the streams and chunk parts named, in the
-        order they closed); None when a chunk came by another route."""
+        order they closed, and of the versions asked for as streams were cut); None
+        when a chunk came by another route."""
         if self._other_routes:
             return None
-        return stream_versions_at_end(self._stream_versions)
+        asked = [await check for _, check in self._cut_checks]  # in flight since the cut
+        return stream_versions_at_end([*self._stream_versions, *asked])
 
     def asked(self, chunk_id: str, level: int) -> None:
         """``chunk_id`` was asked for at ``level`` (for the adapter's windows)."""
@@ -527,6 +580,10 @@ class HttpChunkSource:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.link_watch.close()
+        checks = [check for _, check in self._cut_checks]
+        for check in checks:
+            check.cancel()
+        await asyncio.gather(*checks, return_exceptions=True)
         if self._warming is not None:  # ended, and its outcome taken (a failure included)
             self._warming.cancel()
             await asyncio.gather(self._warming, return_exceptions=True)
@@ -860,6 +917,11 @@ class _LevelledStream(HttpChunkStream):
         raw = await super().next(chunk_id, length_bytes)
         self._source.arrived(chunk_id, raw, length_bytes)
         return raw
+
+    def may_be_cut(self) -> None:
+        """The chunk this stream waits for was asked for elsewhere too (see
+        `HttpChunkSource.may_be_cut`)."""
+        self._source.may_be_cut(self)
 
     def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
         raw = super().next_buffered(chunk_id, length_bytes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
@@ -154,6 +155,9 @@ class HttpChunkStream:
         ``_carry_at`` on): the next frames, whole or in part."""
         self.frames_read = 0
         """Frames read whole off this stream."""
+        self.last_frame_s = 0.0
+        """When the last of them was handed out (``time.monotonic``; 0.0: none yet): the
+        server had read it before then."""
         self.end_version: str | None = None
         """The version the server's end frame named (a stream closed complete); else None."""
 
@@ -252,6 +256,7 @@ class HttpChunkStream:
         if not self._asked or self._asked[0][0] != chunk_id:
             raise RuntimeError(f"chunk {chunk_id[:16]} read before it was asked for, or twice")
         self._asked.popleft()
+        self.last_frame_s = time.monotonic()
 
     def _bundle_chunks(self, count: int) -> list[tuple[str, int]]:
         """The ``count`` chunks a bundle starting at the oldest name asked for carries;

@@ -179,6 +179,8 @@ async def _run_stream(
     still expected on it has arrived over another stream.
     """
     buffered: Callable[[str, int], RawChunk | None] | None = getattr(stream, "next_buffered", None)
+    # The source's hook for a stream that may be cut (the tail's steal), where it has one.
+    may_be_cut: Callable[[], None] | None = getattr(stream, "may_be_cut", None)
     group_max = max(1, run.inflight_limit // 2)
     inflight: dict[asyncio.Task[None], int] = {}
     try:
@@ -193,6 +195,8 @@ async def _run_stream(
                 # Here already (a bundle's chunk read with the first): taken, not cut off.
                 raw = buffered(chunk_id, run.lengths[chunk_id]) if buffered is not None else None
                 if raw is None:
+                    if may_be_cut is not None:
+                        may_be_cut()
                     raw = await _unless_arrived_elsewhere(run, stream, chunk_id)
                 if raw is None:
                     trace.count("streams_cut_in_tail")

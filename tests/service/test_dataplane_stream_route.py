@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,111 @@ async def test_a_read_cut_for_a_copy_that_arrived_elsewhere_leaves_the_source_us
             assert await _unless_arrived_elsewhere(run, source.open_stream(), cid) is None  # type: ignore[arg-type]
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _counting_source(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A source on a served dataset whose info requests (GET /v1/datasets/ds) are
+    counted as they come: (source, manifest, an event set at the first, their list)."""
+    info_asked = asyncio.Event()
+    info_requests: list[str] = []
+
+    @web.middleware
+    async def count_info(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.method == "GET" and request.path == "/v1/datasets/ds":
+            info_requests.append(request.path)
+            info_asked.set()
+        return await handler(request)
+
+    make_dataset(tmp_path / "src")
+    dataset = load_dataset(tmp_path / "src", "ds", 64 * 1024)
+    app = web.Application(middlewares=[count_info, auth_middleware])
+    settings = ServeSettings(token=TOKEN, worker_threads=2)
+    add_dataplane(app, settings, {"ds": dataset}, CPU, ServeStats())
+    runner, port = await start_server(app, "127.0.0.1", 0)
+    try:
+        url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
+        async with HttpChunkSource(url, CLIENT, zstd_level=3) as source:
+            yield source, dataset.manifest, info_asked, info_requests
+    finally:
+        await runner.cleanup()
+
+
+async def _one_frame_read(source: HttpChunkSource, lengths: dict[str, int], cids: list[str]):  # type: ignore[no-untyped-def]
+    """A stream that asked for ``cids`` and read the first one's frame only."""
+    stream = source.open_stream()
+    for cid in cids:
+        stream.ask(cid, lengths[cid])
+    await stream.next(cids[0], lengths[cids[0]])
+    return stream
+
+
+async def test_a_stream_cut_after_its_chunks_asks_the_version_as_it_closes(tmp_path: Path) -> None:
+    # A stream cut in the tail names no version at its end. The version is asked for as
+    # it closes (its chunks were read by then), so the sync's end has the answer already
+    # and asks nothing more; before, the end asked then, a round trip after the last byte.
+    async with _counting_source(tmp_path) as (source, manifest, info_asked, info_requests):
+        lengths = manifest.unique_chunks()
+        wanted = list(lengths)[:3]
+        whole = source.open_stream()  # ends with its end frame: no question
+        whole.ask(wanted[0], lengths[wanted[0]])
+        await whole.next(wanted[0], lengths[wanted[0]])
+        whole.end()
+        await whole.aclose()
+        assert info_requests == []
+        cut = await _one_frame_read(source, lengths, wanted)
+        await cut.aclose(complete=False)  # two chunks asked and not read: cut
+        await asyncio.wait_for(info_asked.wait(), 5)  # asked at the cut, not at the end
+        assert await source.version_at_end() == manifest.manifest_id
+        assert len(info_requests) == 1  # the end asked nothing more
+        # A stream that delivered nothing is not asked about.
+        idle = source.open_stream()
+        idle.ask(wanted[1], lengths[wanted[1]])
+        await idle.aclose(complete=False)
+        assert await source.version_at_end() == manifest.manifest_id
+        assert len(info_requests) == 1
+
+
+async def test_cut_streams_past_the_bound_leave_the_question_to_the_end(tmp_path: Path) -> None:
+    from netopt.dataplane.httpsource import MAX_CUT_CHECKS
+
+    async with _counting_source(tmp_path) as (source, manifest, _, info_requests):
+        lengths = manifest.unique_chunks()
+        for _ in range(MAX_CUT_CHECKS + 1):
+            stream = await _one_frame_read(source, lengths, list(lengths)[:2])
+            await stream.aclose(complete=False)
+        assert await source.version_at_end() is None  # the ninth: the end asks
+        assert len(info_requests) == MAX_CUT_CHECKS
+
+
+async def test_one_version_asked_covers_every_stream_cut_after_their_last_frames(
+    tmp_path: Path,
+) -> None:
+    async with _counting_source(tmp_path) as (source, manifest, _, info_requests):
+        lengths = manifest.unique_chunks()
+        three = list(lengths)[:3]
+        streams = [await _one_frame_read(source, lengths, three)]
+        streams.append(await _one_frame_read(source, lengths, three))
+        await streams[0].aclose(complete=False)  # asks: after both streams' last frames
+        await streams[1].aclose(complete=False)  # covered by that question
+        # Its frame comes after the question: asked again.
+        late = await _one_frame_read(source, lengths, three[:2])
+        await late.aclose(complete=False)
+        assert await source.version_at_end() == manifest.manifest_id
+        assert len(info_requests) == 2
+
+
+async def test_a_stream_that_may_be_cut_has_its_version_asked_before_the_cut(
+    tmp_path: Path,
+) -> None:
+    # The tail's steal: the stream waits for a chunk another stream was asked for too.
+    # The version is asked then; when the stream is cut later, that answer covers it.
+    async with _counting_source(tmp_path) as (source, manifest, info_asked, info_requests):
+        lengths = manifest.unique_chunks()
+        stream = await _one_frame_read(source, lengths, list(lengths)[:2])
+        stream.may_be_cut()  # type: ignore[attr-defined]
+        await asyncio.wait_for(info_asked.wait(), 5)  # asked before any cut
+        stream.may_be_cut()  # type: ignore[attr-defined]  # covered: not asked twice
+        await stream.aclose(complete=False)  # the other copy came first
+        assert await source.version_at_end() == manifest.manifest_id
+        assert len(info_requests) == 1
