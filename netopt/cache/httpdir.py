@@ -15,7 +15,7 @@ import asyncio
 import codecs
 import email.utils
 import functools
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
 from pathlib import Path
@@ -147,9 +147,13 @@ class HttpDirSource(SpooledChunkSource):
     """`ChunkSource` over files on a web server: spooled downloads first, else range requests."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, manifest: Manifest, built: BuiltEntries
+        self,
+        session: aiohttp.ClientSession,
+        manifest: Manifest,
+        built: BuiltEntries,
+        release: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(manifest, built, self._read_range)
+        super().__init__(manifest, built, self._read_range, release)
         self.session = session
 
     async def _read_range(self, remote: RemoteFile, offset: int, length: int) -> RawChunk:
@@ -468,7 +472,7 @@ async def open_http_dir(
                 raise NetworkError(f"{base}: {type(exc).__name__}: {exc}") from exc
             entries = tuple(sorted(built.entries, key=lambda e: e.path))
             manifest = Manifest(name, entries, avg_chunk_bytes)
-            source = HttpDirSource(session, manifest, built)
+            source = HttpDirSource(session, manifest, built, spool.release)
             await save_state(state_path, known)
             overhead_bytes = listing_bytes + fetched_bytes + built.wire_bytes
             yield RemoteDataset(manifest, source, overhead_bytes)

@@ -111,11 +111,13 @@ class SpooledChunkSource:
         manifest: Manifest,
         built: BuiltEntries,
         read_range: ReadRange,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.manifest = manifest
         self.remotes = built.remotes
         self.spooled = built.spooled
         self.read_range = read_range
+        self._release = release
         self.where: dict[str, tuple[str, int, int]] = {}
         for entry in manifest.files:
             for ref in entry.chunks:
@@ -142,6 +144,14 @@ class SpooledChunkSource:
     async def fetch_chunks(self, wanted: Sequence[tuple[str, int]]) -> AsyncIterator[RawChunk]:
         for chunk_id, length in wanted:
             yield await self.fetch_chunk(chunk_id, length)
+
+    def chunks_done(self) -> None:
+        """The sync has every chunk (`netopt.dataplane.sync.sync_manifest` says so): the
+        spooled downloads are let go (``release``); a chunk asked for after this is read
+        by range."""
+        self.spooled = {}
+        if self._release is not None:
+            self._release()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ request is bounded by the client's connect and read timeouts and a few retries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -170,9 +170,15 @@ class S3ChunkSource(SpooledChunkSource):
     """`ChunkSource` over S3 objects: spooled downloads first, else ranged GETs (If-Match)."""
 
     def __init__(
-        self, client: Any, url: S3Url, endpoint: str, manifest: Manifest, built: BuiltEntries
+        self,
+        client: Any,
+        url: S3Url,
+        endpoint: str,
+        manifest: Manifest,
+        built: BuiltEntries,
+        release: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(manifest, built, self._read_range)
+        super().__init__(manifest, built, self._read_range, release)
         self.client = client
         self.url = url
         self.endpoint = endpoint
@@ -294,7 +300,7 @@ async def open_s3(
                 except _boto_errors() as exc:
                     raise s3_error(exc, url, endpoint) from exc
                 manifest = Manifest(name, tuple(built.entries), avg_chunk_bytes)
-                source = S3ChunkSource(s3_client, url, endpoint, manifest, built)
+                source = S3ChunkSource(s3_client, url, endpoint, manifest, built, spool.release)
                 await save_state(state_path, known)
                 yield RemoteDataset(manifest, source, built.wire_bytes)
             finally:

@@ -172,6 +172,11 @@ async def sync_manifest(
         run, reused, refetched = await _fetch_and_write(
             manifest, source, held, dest_real, pending, opts, flusher, on_progress, writer
         )
+        # A source told that no chunk is asked of it any more (one that spooled its
+        # files lets them go, while the files here are made durable), where it listens.
+        chunks_done: Callable[[], None] | None = getattr(source, "chunks_done", None)
+        if chunks_done is not None:
+            chunks_done()
         with trace.timed("dest_flush"):
             if run.writer is not None:
                 await asyncio.to_thread(run.writer.close)

@@ -552,3 +552,37 @@ def _kept_bytes(cache: Path) -> int:
         return sum(have for _, have in _kept_parts(cache))
     except OSError:  # a part renamed or removed while it was read
         return 0
+
+
+async def test_a_sync_failing_once_it_has_every_chunk_has_let_the_spool_go(
+    tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the sync has every chunk, the spool goes while the files are made durable
+    (`Spool.release`). When a later step fails (here the disk refuses the cache's
+    durability), the next run takes what it lacks by range, naming the version (the
+    source's state was saved before the sync), and ends byte for byte."""
+    from netopt.cache.store import Cache
+    from netopt.errors import StorageError
+
+    served, url = origin
+    cache, dest = tmp_path / "cache", tmp_path / "dest"
+    real_flush = Cache.flush
+    refusing = [True]
+
+    def flush(self: Cache) -> None:
+        if refusing[0]:
+            raise StorageError("the disk refused (test)")
+        real_flush(self)
+
+    monkeypatch.setattr(Cache, "flush", flush)
+    with pytest.raises(StorageError, match="refused"):
+        await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert _big_gets(served) == [(None, BIG_BYTES)]
+    assert _spools(cache) == []  # let go before the failing step
+    refusing[0] = False
+    since = len(served.gets)
+    await run_sync(request(url, dest, cache, sync_options=_options(0)))
+    assert tree(dest) == served.files
+    again = [asked for name, asked, _ in served.gets[since:] if name == "big.bin"]
+    assert all(asked is not None and asked.startswith("bytes=") for asked in again), again
+    assert _spools(cache) == []
