@@ -27,11 +27,10 @@ def __getattr__(name: str) -> Console:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from rich.console import Console
 
-    made = (
-        Console(stderr=True, highlight=False)
-        if name == "err_console"
-        else (Console(highlight=False, soft_wrap=True))
-    )
+    if name == "err_console":
+        made = Console(stderr=True, highlight=False)
+    else:
+        made = Console(highlight=False, soft_wrap=True)
     globals()[name] = made  # later lookups find it without calling this again
     return made
 

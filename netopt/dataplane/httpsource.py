@@ -100,8 +100,8 @@ _CONNECTING: contextvars.ContextVar[Any] = contextvars.ContextVar("netopt_connec
 marks it when it hands over a socket the prefetch connected (no handshake happens then)."""
 MAX_CUT_CHECKS = 8
 """Streams cut with chunks delivered whose version is asked for as they close (see
-`HttpChunkSource.stream_closed`); past these (a link that keeps breaking streams) the
-sync's end asks once, as it does for every stream without an end frame."""
+`HttpChunkSource.stream_closed`); past these the sync's end asks once, as it does for a
+stream the network broke."""
 STALL_MIN_S = 2.0
 STALL_MAX_S = 10.0
 STALL_RTTS = 4
@@ -511,19 +511,21 @@ class HttpChunkSource:
     def stream_closed(self, stream: HttpChunkStream) -> None:
         """Note what a closed stream that delivered chunks saw at its end.
 
-        A stream closed without its end frame (cut in the tail, where another stream's
-        copy of its last chunk came first, or broken) names no version after its last
-        chunk was read. The server had read every chunk it delivered before the client
-        had it, so a version asked for once the last one was in stands in for the
-        missing end frame (`_ask_version_after`). Asked in the tail, its answer is in
-        before the sync ends, which then need not ask (a round trip) as it did.
+        A stream the client cut (in the tail, where another stream's copy of its last
+        chunk came first) names no version after its last chunk was read. The server
+        had read every chunk it delivered before the client had it, so a version asked
+        for once the last one was in stands in for the missing end frame
+        (`_ask_version_after`). Asked in the tail, its answer is in before the sync
+        ends, which then need not ask (a round trip) as it did. A stream the network
+        broke leaves the question to the end, as before: asked now, it could wait on a
+        link that is down, and the end would wait for it.
         """
         if not stream.frames_read:
             return
         if stream.end_version is not None:
             self._stream_versions.append(stream.end_version)
-        elif not self._ask_version_after(stream):
-            self._stream_versions.append(None)  # past the bound: the end asks
+        elif stream.failed or not self._ask_version_after(stream):
+            self._stream_versions.append(None)  # the end asks
 
     def may_be_cut(self, stream: HttpChunkStream) -> None:
         """``stream`` waits for a chunk that another stream was asked for too (the tail's

@@ -158,6 +158,9 @@ class HttpChunkStream:
         self.last_frame_s = 0.0
         """When the last of them was handed out (``time.monotonic``; 0.0: none yet): the
         server had read it before then."""
+        self.failed = False
+        """A read failed on the network (the link or the server broke the stream), as
+        opposed to a stream the client cut or ended."""
         self.end_version: str | None = None
         """The version the server's end frame named (a stream closed complete); else None."""
 
@@ -213,7 +216,7 @@ class HttpChunkStream:
             self.frames_read += 1
             return raw
         except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
-            self._broken = True
+            self._broken = self.failed = True
             raise map_errors(exc, self._where, self._unreachable) from exc
         except BaseException:
             self._broken = True
@@ -349,7 +352,7 @@ class HttpChunkStream:
                 return unpacked
             return self._frame_from_carry(resp, chunk_id, length_bytes)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            self._broken = True
+            self._broken = self.failed = True
             raise map_errors(exc, self._where, self._unreachable) from exc
         except BaseException:
             self._broken = True

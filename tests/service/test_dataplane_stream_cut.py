@@ -102,7 +102,11 @@ async def test_stream_cut_as_its_names_end_fails_the_read() -> None:
             with pytest.raises(NetworkError):
                 async with asyncio.timeout(HANG_BOUND_S):
                     await stream.next(NAMES[2], len(PAYLOAD))
+            assert stream.failed  # broken by the network, not cut by the client
             await stream.aclose(complete=False)
+            # Its version is left to the sync's end (no question sent now, which would
+            # wait on this server until the read timeout, 5 s).
+            assert await asyncio.wait_for(source.version_at_end(), 1.0) is None
         assert first.payload == PAYLOAD
         assert second.payload == PAYLOAD
         assert served == NAMES[:2]
