@@ -529,9 +529,10 @@ def _copy(src: BinaryIO, dst: BinaryIO, count: int) -> None:
 @asynccontextmanager
 async def open_spool(state_dir: str | None, kind: str, source: str) -> AsyncIterator[Spool]:
     """The spool of the downloads from ``source`` (its URL), a source of ``kind``:
-    ``STATE_DIR/spool-KIND-HASH``, removed when the block ends well and kept when it
-    raises. Without ``state_dir``, or while another sync holds that spool, a temporary
-    one, removed either way. OSError when it cannot be made."""
+    ``STATE_DIR/spool-KIND-HASH``, removed when the block ends well (or already, once
+    `Spool.release` began its removal) and kept when it raises before that. Without
+    ``state_dir``, or while another sync holds that spool, a temporary one, removed
+    either way. OSError when it cannot be made."""
     if state_dir is not None:
         digest = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         root = Path(state_dir) / f"spool-{kind}-{digest}"
