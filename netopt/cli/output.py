@@ -25,6 +25,13 @@ def __getattr__(name: str) -> Console:
     """``console`` (stdout) and ``err_console`` (stderr), made on first use."""
     if name not in ("console", "err_console"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _made(name)
+
+
+def _made(name: str) -> Console:
+    """The console ``name``, made now unless it was already."""
+    if name in globals():
+        return globals()[name]  # type: ignore[no-any-return]
     from rich.console import Console
 
     if name == "err_console":
@@ -52,7 +59,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         table.add_column(name, justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
-    __getattr__("console").print(table)
+    _made("console").print(table)
 
 
 def _cell(value: Any) -> str:

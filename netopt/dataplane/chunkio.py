@@ -102,7 +102,14 @@ class RawChunk:
 
 
 class ChunkSource(Protocol):
-    """Something that serves one dataset: its manifest and its chunks."""
+    """Something that serves one dataset: its manifest and its chunks.
+
+    A source may also have ``chunks_done()``: `netopt.dataplane.sync.sync_manifest`
+    calls it once the sync has every chunk, before the files are made durable (a
+    source that spooled its files lets them go then: `netopt.cache.remotefiles.
+    SpooledChunkSource`). Optional, found with ``getattr``, as a stream's
+    ``next_buffered`` and ``may_be_cut`` are.
+    """
 
     async def fetch_manifest(self) -> Manifest:
         """The dataset's manifest (validated)."""

@@ -172,8 +172,7 @@ async def sync_manifest(
         run, reused, refetched = await _fetch_and_write(
             manifest, source, held, dest_real, pending, opts, flusher, on_progress, writer
         )
-        # A source told that no chunk is asked of it any more (one that spooled its
-        # files lets them go, while the files here are made durable), where it listens.
+        # The source's optional hook (see `ChunkSource`): no chunk is asked of it now.
         chunks_done: Callable[[], None] | None = getattr(source, "chunks_done", None)
         if chunks_done is not None:
             chunks_done()
