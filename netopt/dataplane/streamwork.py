@@ -54,6 +54,10 @@ class Asked(deque[str]):
         self.last_frame_s = time.monotonic()
         self.frame_interval_s = 0.0
         """Smoothed seconds between frames (0 until two have arrived)."""
+        self.end_names: Callable[[], None] | None = None
+        """Its stream's `ChunkStream.end` (set by the worker that opened it)."""
+        self.ended = False
+        """Whether its stream named its end: nothing more is asked on it."""
 
     def ask(self, chunk_id: str, length_bytes: int) -> None:
         """Note ``chunk_id`` (of ``length_bytes``) as asked for, last."""
@@ -93,7 +97,14 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
     A fresh stream (nothing asked) finding the queue empty takes over the tail: it asks
     for a chunk that another stream has asked for but not started receiving, and
     whichever copy arrives first is used (see `_steal`).
+
+    The stream that empties the queue ends every live stream's names (`_end_all`), not
+    only its own: one whose last frame is on its way would otherwise name its end only
+    when that frame arrived, and its end frame (the version) would come a round trip
+    after it.
     """
+    if asked.ended:
+        return True
     ratio = run.fetched_logical_bytes / run.wire_bytes if run.wire_bytes else 1.0
     ahead_bytes = run.options.stream_ahead_bytes * max(1.0, ratio)
     share_bytes = _share_bytes(run)
@@ -116,8 +127,19 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
             trace.count("tail_steals")
     if run.queue:
         return False
+    asked.ended = True
     stream.end()
+    _end_all(run)
     return True
+
+
+def _end_all(run: SyncRun) -> None:
+    """The queue is empty: every live stream names its end now (each asked for what it
+    will receive; a chunk put back later goes to a fresh stream)."""
+    for other in run.asking:
+        if not other.ended and other.end_names is not None:
+            other.ended = True
+            other.end_names()
 
 
 def _share_bytes(run: SyncRun) -> float:
@@ -297,6 +319,7 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
         returns_at_open = run.link_returns()
         stream = run.open_stream()
         asked = Asked()
+        asked.end_names = stream.end
         run.asking.append(asked)
         failure: NetworkError | ContextError | None = None
         helping = False

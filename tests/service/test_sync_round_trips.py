@@ -27,6 +27,7 @@ from netopt.dataplane.limits import MAX_CHUNK_PARTS
 from netopt.dataplane.prefetch import META_COPIES, WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.dataplane.streamwork import MIN_PART_BYTES
+from netopt.dataplane.synctypes import SyncSummary
 from netopt.webshell import service_shell
 from tests.service.dataplane_helpers import (
     CHUNK_BYTES,
@@ -184,31 +185,62 @@ def _manifest_bodies(seen: list[Seen]) -> list[Seen]:
     return [s for s in seen if s.route == "manifest" and s.status in (200, 206)]
 
 
+async def _sync_answered_whole(
+    tmp_path: Path, streams: int, read_timeout_s: float
+) -> tuple[SyncSummary, list[Seen]]:
+    """`sync_url` of ``tmp_path/src`` into ``tmp_path/dest`` over ``streams`` streams, from
+    a server that answers a stream only once its body (the names) ended; within 30 s."""
+    seen: list[Seen] = []
+    runner, port = await _serve(tmp_path / "src", seen, whole_stream_bodies=True)
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=read_timeout_s)
+    try:
+        async with asyncio.timeout(30):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, streams=streams,
+            )  # fmt: skip
+    finally:
+        await runner.cleanup()
+    return summary, seen
+
+
 async def test_a_small_sync_ends_each_stream_with_its_last_name(tmp_path: Path) -> None:
     # A server that answers a stream only after its body ended: a stream that has named
     # its last chunk must end its names at once, not wait for the frames first (then the
     # server's end frame, which carries the version, would come a round trip after the
-    # last frame). Waiting deadlocks here: the bound below turns that into a failure.
+    # last frame). Waiting deadlocks here: the bound turns that into a failure.
     # One stream: it names every chunk of this small dataset in its first breath (with
     # more, each names its share and the rest as frames arrive, which this server,
     # waiting for the whole body, would never send).
     files = make_dataset(tmp_path / "src")
-    seen: list[Seen] = []
-    runner, port = await _serve(tmp_path / "src", seen, whole_stream_bodies=True)
-    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
-    try:
-        async with asyncio.timeout(20):
-            summary, _ = await sync_url(
-                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
-                client_cpu=CPU, sync_options=FAST, streams=1,
-            )  # fmt: skip
-    finally:
-        await runner.cleanup()
+    summary, seen = await _sync_answered_whole(tmp_path, streams=1, read_timeout_s=2)
     check_tree(tmp_path / "dest", files)
     assert summary.chunk_retries == 0
     routes = [s.route for s in seen]
     assert routes.count("info") == 1, routes  # every stream's end frame carried the version
     assert routes.count("stream") == 1, routes
+
+
+async def test_the_stream_that_empties_the_queue_ends_every_streams_names(
+    tmp_path: Path,
+) -> None:
+    # Two streams, two chunks (two small files): the first stream names one, the second
+    # the other and empties the queue. A server that answers a stream only once its body
+    # ended then answers the first only if the second ended its names too; had it waited
+    # for its own frame to name its end (a round trip late on a real link), the first
+    # stream would wait here until it counted as stalled, and its chunk would be fetched
+    # again.
+    files = {"a.bin": os.urandom(20_000), "b.bin": os.urandom(20_000)}
+    (tmp_path / "src").mkdir()
+    for rel, data in files.items():
+        (tmp_path / "src" / rel).write_bytes(data)
+    summary, seen = await _sync_answered_whole(tmp_path, streams=2, read_timeout_s=5)
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunks_fetched == 2
+    assert summary.chunk_retries == 0
+    routes = [s.route for s in seen]
+    assert routes.count("stream") == 2, routes
+    assert routes.count("info") == 1, routes  # both end frames carried the version
 
 
 def _real_text(size_bytes: int) -> bytes:
