@@ -29,7 +29,8 @@ if [ $# -eq 0 ]; then
   set -- tests/unit tests/service/test_dataplane_server.py tests/service/test_sync_round_trips.py \
     tests/service/test_warm_connections.py \
     tests/service/test_service_shell.py tests/service/test_coordinator_api.py \
-    tests/service/test_tls.py tests/service/test_cache_s3.py tests/service/test_store_contract.py \
+    tests/service/test_tls.py tests/service/test_cache_s3.py tests/service/test_s3_listing_bound.py \
+    tests/service/test_store_contract.py \
     tests/service/test_coordinator_postgres.py
 fi
 # An unclosed asyncio self-pipe found by the GC (a loop some dependency at its floor leaves

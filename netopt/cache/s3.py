@@ -1,7 +1,8 @@
 """An S3-compatible bucket prefix as a sync SOURCE: ``s3://BUCKET[/PREFIX]``.
 
-Objects are listed with ListObjectsV2 (at most `MAX_FILES`), each key below the
-prefix becoming a relative path (refused when it would escape DEST). Like a web
+Objects are listed with ListObjectsV2 (at most `MAX_FILES`; each page read within a
+bound, `netopt.cache.s3bounded`), each key below the prefix becoming a relative path
+(refused when it would escape DEST). Like a web
 directory (`netopt.cache.httpdir`), a bucket has no manifest: an object is
 downloaded once and chunked here, and its chunking is remembered with its size,
 ETag and LastModified, so a re-sync downloads only changed objects and reads
@@ -34,6 +35,7 @@ from netopt.cache.remotefiles import (
     load_state,
     save_state,
 )
+from netopt.cache.s3bounded import BoundedListing
 from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
 from netopt.cache.spool import content_range_start, open_spool
 from netopt.dataplane.chunkio import RawChunk
@@ -48,6 +50,7 @@ from netopt.errors import (
     PeerUnreachableError,
     ProtocolError,
     StorageError,
+    TlsError,
     ValidationError,
 )
 from netopt.transfer.manifest import Manifest, validate_rel_path
@@ -123,7 +126,8 @@ def s3_error(exc: Exception, url: S3Url, endpoint: str) -> NetoptError:
     """A netopt error for a botocore/aiobotocore exception met while reading ``url``.
 
     NoSuchBucket -> ValidationError; AccessDenied, bad keys, missing credentials
-    -> AuthenticationError; connection failures -> PeerUnreachableError; the
+    -> AuthenticationError; a certificate refused -> TlsError (not tried again);
+    connection failures -> PeerUnreachableError; the
     rest -> NetworkError. Messages name the bucket, prefix and endpoint, never
     credentials.
     """
@@ -149,6 +153,9 @@ def s3_error(exc: Exception, url: S3Url, endpoint: str) -> NetoptError:
         return ValidationError(f"{where}: {exc}")
     if isinstance(exc, bx.ParamValidationError):
         return ValidationError(f"{where}: {exc}")
+    if isinstance(exc, bx.SSLError):
+        # Final, as for any origin: trying again with the same trust cannot succeed.
+        return TlsError(f"{where}: TLS refused ({exc}); AWS_CA_BUNDLE names a CA bundle")
     if isinstance(exc, bx.ConnectionError):
         return PeerUnreachableError(f"{where} is unreachable: {type(exc).__name__}")
     if isinstance(exc, bx.ReadTimeoutError | TimeoutError):
@@ -261,6 +268,7 @@ async def open_s3(
             try:
                 session = AioSession(profile=s3.profile)
                 client_cm = session.create_client("s3", **_client_args(s3, client))
+                ca_bundle = session.get_config_variable("ca_bundle")
             except ValueError as exc:  # a malformed endpoint URL
                 raise ValidationError(f"--s3-endpoint-url {s3.endpoint_url!r}: {exc}") from exc
             except _boto_errors() as exc:
@@ -295,7 +303,9 @@ async def open_s3(
                     return await spool.download(remote, get_from)
 
                 try:
-                    remotes = await _list(s3_client, url, scope)
+                    async with BoundedListing(client, ca_bundle) as listing:
+                        listing.attach(s3_client)
+                        remotes = await _list(s3_client, url, scope)
                     built = await build_entries(remotes, known, avg_chunk_bytes, download)
                 except _boto_errors() as exc:
                     raise s3_error(exc, url, endpoint) from exc

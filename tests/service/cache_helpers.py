@@ -24,6 +24,18 @@ SMALL_BYTES = 40_000
 BIG_BYTES = 6_000_000
 
 
+def fake_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake S3 credentials from the env (the test servers accept any); no real AWS
+    configuration or instance metadata is read."""
+    for var in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-never-printed")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
 def make_dataset(root: Path, seed: int = 1, big_bytes: int = BIG_BYTES) -> int:
     """A big random file and 50 small ones of 40 kB (8 MB in all by default); the total bytes."""
     rng = random.Random(seed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from netopt.cache.syncer import run_sync
 from netopt.cli.main import main
 from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import PathTraversalError, ValidationError
-from tests.service.cache_helpers import CHUNK_BYTES, request, tree
+from tests.service.cache_helpers import CHUNK_BYTES, fake_aws_env, request, tree
 
 pytest.importorskip("aiobotocore", reason="the s3 extra (aiobotocore) is not installed")
 pytest.importorskip("moto", reason="moto[server] (dev extra) is not installed")
@@ -69,14 +68,7 @@ def moto_endpoint() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Fake credentials from the env (moto accepts any); no real AWS config is read."""
-    for var in [v for v in os.environ if v.startswith("AWS_")]:
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-never-printed")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    fake_aws_env(monkeypatch, tmp_path)
 
 
 async def _put(endpoint: str, bucket: str, objects: dict[str, bytes], create: bool) -> None:
