@@ -787,12 +787,14 @@ def print_table(rows: list[Row], rtt_ms: float) -> None:
 
 
 def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any]]:
-    """Per kind and mode: the limit, netopt's share against the goal, the best peer."""
+    """Per kind and mode: the limit, netopt's share against the goal, the best peer. netopt
+    is its best row: from its own server (``netopt``) or from the web origin the peers
+    read (``netopt-web``), whichever ran faster."""
     out = []
     for kind, mode in dict.fromkeys((r.data, r.mode) for r in rows if r.data in infos):
         info = infos[kind]
         here = [r for r in rows if (r.data, r.mode) == (kind, mode)]
-        ours = [r for r in here if r.tool == "netopt"]
+        ours = [r for r in here if r.tool.startswith("netopt")]
         peers = [r for r in here if not r.tool.startswith("netopt")]
         best_peer = max(peers, key=lambda r: r.effective_mbps, default=None)
         netopt = max(ours, key=lambda r: r.effective_mbps, default=None)
@@ -803,6 +805,7 @@ def summarize(rows: list[Row], infos: dict[str, KindInfo]) -> list[dict[str, Any
                 "zstd_ratios": info.zstd_ratios,
                 "limit_mbps": here[0].limit_mbps,
                 "goal_share": goal_share(info),
+                "netopt_tool": netopt.tool if netopt else None,
                 "netopt_mbps": netopt.effective_mbps if netopt else None,
                 "netopt_share": netopt.share if netopt else None,
                 "netopt_reachable_share": netopt.reachable_share if netopt else None,
@@ -835,7 +838,8 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
         met = s["netopt_share"] is not None and s["netopt_share"] >= s["goal_share"]
         limit, ours, peer = s["limit_mbps"], s["netopt_mbps"], s["best_peer_mbps"]
         print(
-            f"| {s['kind']} | {s['mode']} | {ratios} | {limit or 0:.1f} | {ours or 0:.1f} "
+            f"| {s['kind']} | {s['mode']} | {ratios} | {limit or 0:.1f} "
+            f"| {ours or 0:.1f} ({s['netopt_tool']}) "
             f"| {_pct(s['netopt_share'])} | {_pct(s['netopt_reachable_share'])} "
             f"| {_pct(s['cold_s'])} "
             f"| {_pct(s['netopt_cold_share'])} / {_pct(s['best_peer_cold_share'])} "
