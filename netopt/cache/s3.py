@@ -155,7 +155,9 @@ def s3_error(exc: Exception, url: S3Url, endpoint: str) -> NetoptError:
         return ValidationError(f"{where}: {exc}")
     if isinstance(exc, bx.SSLError):
         # Final, as for any origin: trying again with the same trust cannot succeed.
-        return TlsError(f"{where}: TLS refused ({exc}); AWS_CA_BUNDLE names a CA bundle")
+        return TlsError(
+            f"{where}: TLS refused ({exc}); behind a private CA, set AWS_CA_BUNDLE=ca.pem"
+        )
     if isinstance(exc, bx.ConnectionError):
         return PeerUnreachableError(f"{where} is unreachable: {type(exc).__name__}")
     if isinstance(exc, bx.ReadTimeoutError | TimeoutError):

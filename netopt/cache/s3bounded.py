@@ -57,6 +57,7 @@ class BoundedListing:
         self._options = options
         self._ca_bundle = ca_bundle
         self._session: aiohttp.ClientSession | None = None
+        self._clients: list[Any] = []
 
     async def __aenter__(self) -> BoundedListing:
         ssl_context: ssl.SSLContext | bool = True
@@ -76,13 +77,17 @@ class BoundedListing:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for client in self._clients:  # the client's later listings are its own again
+            client.meta.events.unregister(LISTING_EVENT, self.send)
+        self._clients.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def attach(self, client: Any) -> None:
-        """Send ``client``'s ListObjectsV2 requests through this listing."""
+        """Send ``client``'s ListObjectsV2 requests through this listing, until it closes."""
         client.meta.events.register(LISTING_EVENT, self.send)
+        self._clients.append(client)
 
     async def send(self, request: Any, **_: Any) -> Any:
         """``request`` (botocore's prepared and signed request) sent; botocore's response
