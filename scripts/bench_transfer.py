@@ -295,7 +295,10 @@ def file_list(info: KindInfo) -> list[str]:
 
 
 def nginx_conf(work: Path, root: Path, address: str, port: int) -> Path:
-    """A minimal nginx serving ``root`` with ranges and listings, in the foreground."""
+    """A minimal nginx serving ``root`` with ranges and listings, in the foreground. Every
+    directory is answered with its listing, also one holding an index.html (the tree of
+    packages has one): with nginx's default ``index``, the crawlers (rclone, netopt-web)
+    would be shown the page instead and could not find that directory's files."""
     for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (work / temp).mkdir(parents=True, exist_ok=True)
     conf = work / "nginx.conf"
@@ -320,6 +323,7 @@ http {{
   server {{
     listen {address}:{port};
     root {root};
+    index netopt-bench-listings-only;
     autoindex on;
   }}
 }}

@@ -15,6 +15,7 @@ import asyncio
 import codecs
 import email.utils
 import functools
+import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
@@ -82,7 +83,13 @@ the same connections). One at a time, a tree of 859 directories (a real tree of
 installed packages behind nginx) took 859 round trips to list: 69 s on the lab's
 80 ms link before the first file moved."""
 
+BARE_PAGES_NAMED = 5
+"""Directory pages that linked nothing below them named in the crawl's warning (the rest
+counted)."""
+
 _STATE_FILE = "httpdir.json"
+
+log = logging.getLogger(__name__)
 
 
 class _LinkBudget:
@@ -185,19 +192,25 @@ async def _crawl(session: aiohttp.ClientSession, base: str, link: WebLink) -> tu
     files or `MAX_PAGES` pages; NetworkError for a page not answered 200."""
     files: set[str] = set()
     wire_bytes = 0
+    bare: list[str] = []  # the first few directory pages that linked nothing below them
+    bare_count = 0
     budget = _LinkBudget(LINKS_HELD_MAX)
     queued = {base}
     pages: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     pages.put_nowait((base, 0))
 
     async def read_pages() -> None:
-        nonlocal wire_bytes
+        nonlocal wire_bytes, bare_count
         while True:
             page, depth = await pages.get()
             try:
                 read = functools.partial(_read_page, session, page, base, budget)
                 found, subdirs, got = await link.again(read)
                 wire_bytes += got
+                if not found and not subdirs and page != base:
+                    bare_count += 1
+                    if len(bare) < BARE_PAGES_NAMED:
+                        bare.append(page[len(base) :])
                 files.update(found)
                 if len(files) > MAX_FILES:
                     raise ProtocolError(f"{base}: more than {MAX_FILES} files")
@@ -222,6 +235,17 @@ async def _crawl(session: aiohttp.ClientSession, base: str, link: WebLink) -> tu
         for task in (listed, *readers):
             task.cancel()
         await asyncio.gather(listed, *readers, return_exceptions=True)
+    if bare_count:
+        # Nothing is lost silently: a directory whose page is not a listing (a web server
+        # serves its index.html instead) hides its files from any crawler.
+        log.warning(
+            "%s: %d director%s linked nothing below %s (empty, or a page that is not a "
+            "listing, such as an index.html the server sends instead): %s%s; files only "
+            "such a page hides are not synced",
+            base, bare_count, "y" if bare_count == 1 else "ies",
+            "it" if bare_count == 1 else "them", ", ".join(sorted(bare)),
+            ", ..." if bare_count > len(bare) else "",
+        )  # fmt: skip
     return sorted(files), wire_bytes
 
 

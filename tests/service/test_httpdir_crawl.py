@@ -37,6 +37,9 @@ class Tree:
     """Every page also links a new subdirectory (a generated, endless listing)."""
     extra_links: int = 0
     """Links to files that are not there, added to the top page."""
+    site_pages: frozenset[str] = frozenset()
+    """Directories whose page is a site's index.html, not a listing (as nginx sends when
+    the directory holds one): links only outside the tree."""
     pages: int = 0
     running: int = 0
     most_at_once: int = 0
@@ -56,6 +59,9 @@ class Tree:
             await asyncio.sleep(PAGE_DELAY_S)
         finally:
             self.running -= 1
+        if path in self.site_pages:
+            page = '<html><link href="/static/site.css"><a href="/index.html">home</a></html>'
+            return web.Response(text=page, content_type="text/html")
         names = {rel[len(path) :].split("/", 1)[0] + ("/" if "/" in rel[len(path) :] else "")
                  for rel in self.files if rel.startswith(path)}  # fmt: skip
         if self.endless:
@@ -99,16 +105,36 @@ def _once() -> SyncOptions:
 
 
 async def test_a_deep_tree_is_listed_several_pages_at_once(
-    tmp_path: Path, origin: tuple[Tree, str]
+    tmp_path: Path, origin: tuple[Tree, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     served, url = origin
     await run_sync(request(url, tmp_path / "d", tmp_path / "c", sync_options=_once()))
     assert tree(tmp_path / "d") == served.files
+    assert "linked nothing" not in caplog.text
     # Every directory's page once: the top, 3 splits, 12 groups, 60 class folders.
     assert served.pages == 1 + 3 + 12 + 60
     # Pages overlapped, never more than the bound (one at a time, 76 pages a round
     # trip each would be 76 round trips).
     assert 1 < served.most_at_once <= httpdir_module.PAGES_AT_ONCE
+
+
+async def test_a_directory_whose_page_is_not_a_listing_is_named_in_a_warning(
+    tmp_path: Path, origin: tuple[Tree, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two class folders answer with a site's page (their index.html) instead of a
+    # listing: their files cannot be found by any crawler. The sync moves the rest and
+    # says which directories hid theirs, instead of ending as if the tree were whole.
+    served, url = origin
+    hidden = ("train/g0/c1/", "val/g2/c3/")
+    served.site_pages = frozenset(hidden)
+    await run_sync(request(url, tmp_path / "d", tmp_path / "c", sync_options=_once()))
+    shown = {rel: data for rel, data in served.files.items() if not rel.startswith(hidden)}
+    assert len(shown) == len(served.files) - 4
+    assert tree(tmp_path / "d") == shown
+    warnings = [r.getMessage() for r in caplog.records if "linked nothing" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert "2 directories" in warnings[0]
+    assert all(h in warnings[0] for h in hidden)
 
 
 async def test_an_endless_listing_stops_at_the_bound(
