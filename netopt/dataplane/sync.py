@@ -288,7 +288,8 @@ async def _fetch_and_write(
                     flusher,
                     open_files,
                 )
-                for entry, target, where in await place()
+                # Shielded: a worker's failure cancels this wait, not the directories.
+                for entry, target, where in await asyncio.shield(placing)
             ]
             users: dict[str, list[FileAssembler]] = {}
             for assembler in made:
@@ -297,21 +298,41 @@ async def _fetch_and_write(
             run.writers = users
             return made
 
-        # The first small files go to the helper process (started with the sync, ready
-        # in ~50 ms): before the fetch begins.
-        if writer is not None and await asyncio.to_thread(writer.ready):
-            run.writer = writer
-        trace.mark("writers_ready")
         made: list[FileAssembler] = []
+        placing = asyncio.ensure_future(place())
         try:
+            # The first small files go to the helper process (started with the sync,
+            # ready in ~50 ms): before the fetch begins.
+            if writer is not None and await asyncio.to_thread(writer.ready):
+                run.writer = writer
+            trace.mark("writers_ready")
             with gc_frozen():
                 await _run_workers(run, opts, missing, assemblers, made, available)
         except BaseExceptionGroup as group:
-            raise first_error(group) from None
+            raise await _dest_error(placing) or first_error(group) from None
         finally:
+            # Retrieved however it ends (a sync cancelled meanwhile leaves it running on
+            # its thread).
+            placing.add_done_callback(_retrieved)
             for assembler in made:
                 assembler.abandon()
     return run, len(reused), len(refetched)
+
+
+async def _dest_error(placing: asyncio.Future[Any]) -> BaseException | None:
+    """The error making the destination's directories raised, once that is done: it goes
+    before a fetch's that came first (a symlink out of DEST is refused as it was when the
+    directories were made before the first request, whatever the server answers)."""
+    await asyncio.wait({placing})
+    if placing.cancelled():
+        return None
+    error = placing.exception()
+    return error if isinstance(error, NetoptError) else None
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _wants_writer_process(opts: SyncOptions, manifest: Manifest) -> bool:

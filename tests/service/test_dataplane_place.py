@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dataplane_helpers import FAST, TOKEN, check_tree, make_dataset, start
+from aiohttp import web
+from dataplane_helpers import FAST, TOKEN, check_tree, make_dataset, serve_with_middleware, start
 
 import netopt.dataplane.sync as sync_module
 from netopt.dataplane.assemble import Placement, place_files
@@ -16,10 +17,11 @@ from netopt.dataplane.chunkio import DirChunkSink
 from netopt.dataplane.client import ClientOptions, HttpChunkSource, parse_dataset_url
 from netopt.dataplane.sync import sync_manifest
 from netopt.errors import PathTraversalError
-from netopt.transfer.manifest import FileEntry
+from netopt.transfer.manifest import FileEntry, Manifest
 
 CLIENT = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=5)
 WAIT_S = 10.0
+FETCH_FAILED_PAUSE_S = 0.3
 
 
 def _deep_tree(root: Path) -> dict[str, bytes]:
@@ -99,23 +101,70 @@ async def test_the_listing_decides_what_is_written(tmp_path: Path) -> None:
     check_tree(dest, {rel: data for rel, data in files.items() if rel != kept})
 
 
-async def test_a_symlink_out_of_dest_still_stops_a_sync_that_began_fetching(
-    tmp_path: Path,
-) -> None:
-    make_dataset(tmp_path / "src")
-    runner, port, _, manifest = await start(tmp_path / "src")
+async def _refused_through_a_link(tmp_path: Path, port: int, manifest: Manifest) -> Path:
+    """A sync of ``manifest`` from the server on ``port`` into ``tmp_path/dest``, whose
+    ``text/nested`` is a link to ``tmp_path/outside``: refused (PathTraversalError). The
+    directory outside."""
     outside = tmp_path / "outside"
     outside.mkdir()
     dest = tmp_path / "dest"
     (dest / "text").mkdir(parents=True)
     (dest / "text" / "nested").symlink_to(outside, target_is_directory=True)
+    url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
+    async with HttpChunkSource(url, CLIENT) as source:
+        sink = DirChunkSink(tmp_path / "chunks", fsync=False)
+        with pytest.raises(PathTraversalError, match="symlink"):
+            await sync_manifest(manifest, source, sink, dest, FAST, present={})
+    return outside
+
+
+async def test_a_symlink_out_of_dest_still_stops_a_sync_that_began_fetching(
+    tmp_path: Path,
+) -> None:
+    make_dataset(tmp_path / "src")
+    runner, port, _, manifest = await start(tmp_path / "src")
     try:
-        url = parse_dataset_url(f"netopt://127.0.0.1:{port}/ds")
-        async with HttpChunkSource(url, CLIENT) as source:
-            sink = DirChunkSink(tmp_path / "chunks", fsync=False)
-            with pytest.raises(PathTraversalError, match="symlink"):
-                await sync_manifest(manifest, source, sink, dest, FAST, present={})
+        outside = await _refused_through_a_link(tmp_path, port, manifest)
     finally:
         await runner.cleanup()
     assert list(outside.iterdir()) == []
-    assert not (dest / "random.bin").exists()
+    assert not (tmp_path / "dest" / "random.bin").exists()
+
+
+async def test_a_symlink_out_of_dest_goes_before_a_fetch_error_that_came_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server answers every chunk request 404 at once (a fetch error, final), and the
+    # directories are made only after it did: the symlink's refusal is still the error
+    # raised, as when the directories were made before the first request.
+    make_dataset(tmp_path / "src")
+
+    @web.middleware
+    async def no_chunks(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.path.endswith(("/stream", "/batch")) or "/chunks/" in request.path:
+            refused.append(request.path)
+            raise web.HTTPNotFound(text="no such chunk")
+        return await handler(request)
+
+    refused: list[str] = []
+    runner, port, dataset = await serve_with_middleware(tmp_path / "src", no_chunks)
+    real_place = place_files
+
+    def place_after_a_refusal(
+        dest: Path, entries: list[FileEntry]
+    ) -> tuple[Path, list[tuple[FileEntry, str, Placement]]]:
+        # The stream's 404, then the batches' (the fallback): the client has failed its
+        # fetch a moment after the second (on loopback, well within the pause).
+        deadline_s = time.monotonic() + WAIT_S
+        while len(refused) < 2 and time.monotonic() < deadline_s:
+            time.sleep(0.005)
+        time.sleep(FETCH_FAILED_PAUSE_S)
+        return real_place(dest, entries)
+
+    monkeypatch.setattr(sync_module, "place_files", place_after_a_refusal)
+    try:
+        outside = await _refused_through_a_link(tmp_path, port, dataset.manifest)
+    finally:
+        await runner.cleanup()
+    assert refused  # the fetch failed first
+    assert list(outside.iterdir()) == []
