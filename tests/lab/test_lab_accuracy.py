@@ -25,6 +25,7 @@ from netopt.lab.measure import (
     udp_receive_buffer_drops,
 )
 from netopt.lab.netns import has_net_admin
+from tests.lab.conftest import NEEDS_ROOT
 
 pytestmark = pytest.mark.lab
 
@@ -49,7 +50,7 @@ RTT_ABOVE_MS, RTT_BELOW_MS = 2.0, 0.2
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     if not has_net_admin():
-        pytest.skip("lab tests need CAP_NET_ADMIN (root) to create network namespaces")
+        pytest.skip(NEEDS_ROOT)
     topology = parse_settings(TOPOLOGY, "accuracy.yaml", "lab", env={})
     assert isinstance(topology, LabTopology)
     with Lab.start(topology) as built:
