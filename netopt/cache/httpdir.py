@@ -40,6 +40,7 @@ from netopt.cache.remotefiles import (
 )
 from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, parts_worth
 from netopt.cache.weblink import WebLink
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.dataplane.limits import read_up_to
@@ -466,6 +467,7 @@ async def open_http_dir(
         ):
             try:
                 urls, listing_bytes = await _crawl(session, base, link)
+                trace.mark("web_crawled")
                 fetched_bytes = 0
 
                 async def listed(index: int) -> RemoteFile:
@@ -484,6 +486,7 @@ async def open_http_dir(
                     return remote
 
                 remotes = await at_most(DESCRIBES_AT_ONCE, len(urls), listed)
+                trace.mark("web_listed")
 
                 async def download(remote: RemoteFile) -> tuple[Path, int]:
                     get = functools.partial(_get_from, session)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from netopt.chunking import chunk_file
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.onloop import blocking
 from netopt.fsutil import atomic_write_bytes
@@ -226,7 +227,10 @@ async def build_entries(
     async def fetch(index: int) -> tuple[Path, int, FileEntry]:
         remote = fresh[index]
         path, got = await download(remote)
+        trace.mark("download_first_file_in")
+        trace.mark_last("download_last_file_in")
         entry = await blocking(remote.size_bytes, _chunk, path, remote, avg_chunk_bytes)
+        trace.mark_last("download_last_file_chunked")
         return path, got, entry
 
     fetched = await at_most(DOWNLOADS_AT_ONCE, len(fresh), fetch)

@@ -38,6 +38,7 @@ from netopt.cache.remotefiles import (
 from netopt.cache.s3bounded import BoundedListing
 from netopt.cache.s3url import S3Options, S3Url, parse_s3_url
 from netopt.cache.spool import content_range_start, open_spool
+from netopt.dataplane import trace
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.httpsource import ClientOptions
 from netopt.dataplane.limits import read_up_to
@@ -308,6 +309,7 @@ async def open_s3(
                     async with BoundedListing(client, ca_bundle) as listing:
                         listing.attach(s3_client)
                         remotes = await _list(s3_client, url, scope)
+                        trace.mark("s3_listed")
                     built = await build_entries(remotes, known, avg_chunk_bytes, download)
                 except _boto_errors() as exc:
                     raise s3_error(exc, url, endpoint) from exc

@@ -325,14 +325,18 @@ class Spool:
                     active.remove(span)
 
         await at_most(connections, connections, connection)
+        trace.mark_last("spool_parts_in")
         await asyncio.to_thread(self._join, remote)
+        trace.mark_last("spool_joined")
         return got
 
     async def _fetch_part(self, remote: RemoteFile, span: _Span, fetch_from: FetchFrom) -> int:
         """``span``'s bytes into its own part file, up to its end, which may move down
         while they come (another connection took the rest): the bytes taken."""
         path = self._parts_dir(remote.key) / f"at{span.first}"
+        trace.count("spool_parts")
         async with fetch_from(remote, span.first, span.end) as (start, pieces):
+            trace.mark("spool_first_part_answer")
             if start != span.first:
                 raise ProtocolError(f"{remote.key}: answered from byte {start}, asked {span.first}")
             with path.open("wb") as f:
@@ -513,6 +517,7 @@ def _take_half(active: list[_Span]) -> _Span | None:
     half = most.next + left // 2
     taken = _Span(half, half, most.end)
     most.end = half
+    trace.count("spool_part_takes")
     return taken
 
 

@@ -456,6 +456,8 @@ async def test_a_slow_part_is_shared_by_a_connection_that_is_done(
     cache, dest = tmp_path / "cache", tmp_path / "dest"
     await run_sync(request(url, dest, cache, sync_options=_options(0)))
     assert tree(dest) == served.files
+    # The slow answer is recorded once its handler sees the client gone (its next write).
+    await asyncio.wait_for(served.slow_idle.wait(), 10)
     ranged = _ranged_spans(served)
     (slow,) = [(first, end, sent) for first, end, sent in ranged if (first, end) in [
         span for span in split_spans([(0, len(large))], 2)
