@@ -31,17 +31,19 @@ from netopt.dataplane.syncrun import backoff_delay_s
 from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import NetworkError, PeerUnreachableError, ProtocolError
 
-__all__ = ["open_riding_out"]
+__all__ = ["check_riding_out", "open_riding_out"]
 
 log = logging.getLogger(__name__)
 
 
-def _gave_up(exc: NetworkError, trying_s: float, window_s: float) -> NetworkError:
-    """The error opening ends with once it tried for the whole window: of ``exc``'s
+def _gave_up(
+    exc: NetworkError, trying_s: float, window_s: float, what: str = "opening the source"
+) -> NetworkError:
+    """The error ``what`` ends with once it tried for the whole window: of ``exc``'s
     kind (PeerUnreachableError for a server that cannot be reached)."""
     kind = PeerUnreachableError if isinstance(exc, PeerUnreachableError) else NetworkError
     return kind(
-        f"{exc} (gave up opening the source after trying for {trying_s:.1f} s; retry "
+        f"{exc} (gave up {what} after trying for {trying_s:.1f} s; retry "
         f"window {window_s:g} s, --retry-window-s)"
     )
 
@@ -84,3 +86,28 @@ async def open_riding_out(
             raise
     else:
         await opening.__aexit__(None, None, None)
+
+
+async def check_riding_out(opened: OpenedSource, shared: bool, sync_options: SyncOptions) -> None:
+    """``opened.check_still_current(shared)``, asked again while it fails to reach the
+    source, until ``sync_options.retry_window_s`` has passed since the first try began:
+    a server restarting as a sync ends (its last chunks in, the streams that would have
+    named its version cut) failed the sync at once, where a restart a moment earlier was
+    ridden out. What the source answers (another version, a malformed answer) is final."""
+    first_try_s = time.monotonic()
+    failures = 0
+    while True:
+        try:
+            await opened.check_still_current(shared)
+            return
+        except ProtocolError:
+            raise
+        except NetworkError as exc:
+            trying_s = time.monotonic() - first_try_s
+            window_s = sync_options.retry_window_s
+            if trying_s >= window_s:
+                raise _gave_up(exc, trying_s, window_s, "checking the source's version") from exc
+            failures += 1
+            delay_s = min(backoff_delay_s(sync_options, failures), window_s - trying_s)
+            log.warning("%s; asking again in %.1f s", exc, delay_s)
+            await asyncio.sleep(delay_s)

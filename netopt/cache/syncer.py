@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from netopt.cache.openretry import open_riding_out
+from netopt.cache.openretry import check_riding_out, open_riding_out
 from netopt.cache.residency import check_residency, find_spec
 from netopt.cache.sources import OpenedSource, Source, SourceOptions, parse_source
 from netopt.cache.store import Cache
@@ -502,7 +502,9 @@ async def _run_sync_once(
                 summary, evicted, shared = await _sync_into_cache(
                     req, opened, cache, on_progress, dest_files
                 )
-                await opened.check_still_current(shared=req.sharing is not None)
+                await check_riding_out(
+                    opened, req.sharing is not None, req.sync_options or SyncOptions()
+                )
         except BaseException:
             # Keep the first error (a full disk also fails the index write).
             with contextlib.suppress(StorageError):

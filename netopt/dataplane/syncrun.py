@@ -202,6 +202,9 @@ class SyncRun:
         self.queued_bytes = 0
         self.failing_since_s: dict[str, float] = {}
         """Chunks that failed and have not arrived since: when they first failed (monotonic s)."""
+        self.arrived_s = self.started_s
+        """When a chunk last arrived (monotonic s): a chunk's failures before then are
+        forgiven, the link worked since (`charge`)."""
         self.bad_copies: Counter[str] = Counter()
         self.wire_bytes = 0
         self.fetched_logical_bytes = 0
@@ -268,6 +271,7 @@ class SyncRun:
                 continue
             self.fetched_logical_bytes += length
             self.failing_since_s.pop(chunk_id, None)
+            self.arrived_s = time.monotonic()
             return data
 
     def take_batch(self) -> list[str]:
@@ -296,10 +300,16 @@ class SyncRun:
 
         Re-raises a network failure once the chunk has been failing for
         `SyncOptions.retry_window_s` since its first failure (naming the window), and an
-        IntegrityError on the chunk's `SyncOptions.max_attempts`-th bad copy.
+        IntegrityError on the chunk's `SyncOptions.max_attempts`-th bad copy. Failures
+        before a chunk (any) last arrived do not count: the link worked since. A chunk
+        that failed once (a stalled stream) and waited behind others, still pending when
+        the server then went away, used to end the sync at that failure instead of
+        riding out the outage.
         """
         now_s = time.monotonic()
-        first_s = self.failing_since_s.setdefault(chunk_id, now_s)
+        first_s = self.failing_since_s.get(chunk_id)
+        if first_s is None or first_s < self.arrived_s:
+            first_s = self.failing_since_s[chunk_id] = now_s
         if isinstance(exc, IntegrityError):
             self.bad_copies[chunk_id] += 1
             if self.bad_copies[chunk_id] >= self.options.max_attempts:
@@ -439,6 +449,7 @@ class SyncRun:
         if failed is not None:
             raise failed
         self.failing_since_s.pop(chunk_id, None)
+        self.arrived_s = time.monotonic()
         self.chunks_done += 1
         self.logical_done_bytes += len(data)
         on_stored(chunk_id)
