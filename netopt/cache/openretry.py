@@ -48,6 +48,25 @@ def _gave_up(
     )
 
 
+def _delay_or_give_up(
+    exc: NetworkError,
+    first_try_s: float,
+    failures: int,
+    sync_options: SyncOptions,
+    what: str = "opening the source",
+) -> float:
+    """The wait before the next try of ``what`` after its ``failures``-th failure
+    (``exc``), logged; the error it ends with (`_gave_up`) once the retry window has
+    passed since ``first_try_s``."""
+    trying_s = time.monotonic() - first_try_s
+    window_s = sync_options.retry_window_s
+    if trying_s >= window_s:
+        raise _gave_up(exc, trying_s, window_s, what) from exc
+    delay_s = min(backoff_delay_s(sync_options, failures), window_s - trying_s)
+    log.warning("%s; trying again in %.1f s", exc, delay_s)
+    return delay_s
+
+
 @asynccontextmanager
 async def open_riding_out(
     source: Source, opts: SourceOptions, sync_options: SyncOptions
@@ -64,13 +83,8 @@ async def open_riding_out(
         except ProtocolError:
             raise
         except NetworkError as exc:
-            trying_s = time.monotonic() - first_try_s
-            window_s = sync_options.retry_window_s
-            if trying_s >= window_s:
-                raise _gave_up(exc, trying_s, window_s) from exc
             failures += 1
-            delay_s = min(backoff_delay_s(sync_options, failures), window_s - trying_s)
-            log.warning("%s; trying again in %.1f s", exc, delay_s)
+            delay_s = _delay_or_give_up(exc, first_try_s, failures, sync_options)
             del exc
             # What the failed try read (a partial manifest, in cycles with its error's
             # frames) goes now, not when the collector next runs: else each try of a
@@ -103,11 +117,8 @@ async def check_riding_out(opened: OpenedSource, shared: bool, sync_options: Syn
         except ProtocolError:
             raise
         except NetworkError as exc:
-            trying_s = time.monotonic() - first_try_s
-            window_s = sync_options.retry_window_s
-            if trying_s >= window_s:
-                raise _gave_up(exc, trying_s, window_s, "checking the source's version") from exc
             failures += 1
-            delay_s = min(backoff_delay_s(sync_options, failures), window_s - trying_s)
-            log.warning("%s; asking again in %.1f s", exc, delay_s)
+            delay_s = _delay_or_give_up(
+                exc, first_try_s, failures, sync_options, "checking the source's version"
+            )
             await asyncio.sleep(delay_s)
