@@ -21,13 +21,10 @@ congestion control sets one connection's rate, and a loss-based one holds it to 
 Mbit/s on a lossy long link. The parts are not fixed: a connection whose part is in
 takes the second half of the part with the most left (while that half is
 `TAKE_MIN_BYTES` or more), so no connection idles while a slow one holds the file
-back; once its own file has none left, it does the same for the spool's other files
-in parts (their last parts ran on a few connections while the connections of the files
-already in stood idle: with four 25 MB files in 16 parts each on the lab's bbr link,
-the first file was in 1.5-5.0 s before the last). Each part is its own file, named by
-the byte it starts at (``HASH.parts/atN``) and holding bytes from there on, so a kill
-or a cut leaves files that say exactly which bytes are in: the next try asks only for
-the bytes between them. The files are joined when all bytes are in.
+back. Each part is its own file, named by the byte it starts at (``HASH.parts/atN``)
+and holding bytes from there on, so a kill or a cut leaves files that say exactly
+which bytes are in: the next try asks only for the bytes between them. The files are
+joined when all bytes are in.
 
 A download never grows past its listed size: an answer that goes on is cut there and
 fails the try, as one that ends short does; one listed without a size stops at
@@ -45,7 +42,6 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -54,14 +50,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from netopt.cache.remotefiles import CONNECTIONS_AT_ONCE, RemoteFile, at_most
+from netopt.cache.remotefiles import RemoteFile, at_most
 from netopt.dataplane import trace
 from netopt.dataplane.manifestpieces import PiecesBroken, content_range
 from netopt.dataplane.onloop import blocking
 from netopt.errors import NetworkError, ProtocolError
 from netopt.fsutil import atomic_write_bytes
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "LISTED_ONLY",
@@ -170,9 +164,6 @@ class Spool:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         self._listings_fd: int | None = os.open(root / LISTINGS_NAME, flags, 0o600)
         self._removing: asyncio.Future[None] | None = None
-        self._boards: list[_Board] = []
-        """The files being downloaded in parts, whose connections help each other."""
-        self._helpers: set[asyncio.Task[None]] = set()
 
     @classmethod
     def load(cls, root: Path) -> Spool:
@@ -312,99 +303,32 @@ class Spool:
 
     async def _download_parts(self, remote: RemoteFile, fetch_from: FetchFrom) -> int:
         """``remote`` in parts at once (see the module doc), the bytes kept from an earlier
-        try not asked for again, then joined into its download: the bytes taken.
-
-        Each of its connections that finds nothing left of it goes on to help the spool's
-        other files in parts (`_lend`), and theirs help it: it is joined once its own
-        bytes and those its helpers asked for are in.
-        """
+        try not asked for again, then joined into its download: the bytes taken."""
         kept = await asyncio.to_thread(self._kept_parts, remote)
         await asyncio.to_thread(self._parts_dir(remote.key).mkdir, exist_ok=True)
         spans = missing_spans([(first, have) for first, _, have in kept], remote.size_bytes)
         missing_bytes = sum(end - first for first, end in spans)
         connections = min(MAX_PARTS, max(len(spans), missing_bytes // PART_BYTES))
         planned = split_spans(spans, connections)
-        board = _Board(remote, fetch_from, collections.deque(_Span(f, f, e) for f, e in planned))
+        waiting = collections.deque(_Span(first, first, end) for first, end in planned)
+        active: list[_Span] = []
+        got = 0
 
         async def connection(_: int) -> None:
-            while (span := board.next_span()) is not None:
-                await self._fetch_on(board, span)
-            self._lend()
+            nonlocal got
+            while (span := waiting.popleft() if waiting else _take_half(active)) is not None:
+                active.append(span)
+                try:
+                    taken = await self._fetch_part(remote, span, fetch_from)
+                    got += taken  # not ``got += await``: that reads ``got`` before the wait
+                finally:
+                    active.remove(span)
 
-        self._boards.append(board)
-        try:
-            while True:
-                # What a helper left here when it failed is asked for again by this file's
-                # own connections (which meet its error if it holds).
-                if board.waiting:
-                    await at_most(connections, min(connections, len(board.waiting)), connection)
-                await board.quiet.wait()
-                if not board.waiting and not board.helpers:
-                    break
-        finally:
-            self._boards.remove(board)
-            board.close()
-            # Parts that helpers are asking for stop at their next piece.
-            await board.quiet.wait()
+        await at_most(connections, connections, connection)
         trace.mark_last("spool_parts_in")
         await asyncio.to_thread(self._join, remote)
         trace.mark_last("spool_joined")
-        return board.got
-
-    async def _fetch_on(self, board: _Board, span: _Span) -> None:
-        """``span`` of ``board``'s file, counted among its parts under way meanwhile."""
-        board.active.append(span)
-        try:
-            taken = await self._fetch_part(board.remote, span, board.fetch_from)
-            board.got += taken  # not ``+= await``: that reads ``got`` before the wait
-        finally:
-            board.active.remove(span)
-
-    def _lend(self) -> None:
-        """A connection whose file has nothing left helps the files still coming in parts
-        (`_help`), in a task of the spool's own: its file is joined meanwhile, and
-        `settle` ends what is left of the help when the spool's block ends."""
-        if any(board.open for board in self._boards):
-            task = asyncio.ensure_future(self._help())
-            self._helpers.add(task)
-            task.add_done_callback(self._helpers.discard)
-
-    async def _help(self) -> None:
-        """Parts of the files still coming in parts (`_help_span`) until none has one to
-        give: with files in parts at once, one file's last parts no longer run on a few
-        connections while those of the files already in stand idle. A part it fails or
-        is cancelled in is given back to its file from the last byte written (that file's
-        own connections ask for it); a failure ends the help."""
-        while (picked := _help_span(self._boards)) is not None:
-            board, span = picked
-            trace.count("spool_parts_helped")
-            board.helpers += 1
-            board.quiet.clear()
-            try:
-                await self._fetch_on(board, span)
-            except BaseException as exc:
-                path = self._parts_dir(board.remote.key) / f"at{span.first}"
-                written = span.first + _size_or_zero(path)  # a stat, on the loop
-                rest = min(written, span.next)
-                if board.open and rest < span.end:
-                    board.waiting.append(_Span(rest, rest, span.end))
-                if not isinstance(exc, Exception):
-                    raise
-                log.debug("a part of %s asked by a helper failed: %s", board.remote.key, exc)
-                return
-            finally:
-                board.helpers -= 1
-                if not board.helpers:
-                    board.quiet.set()
-
-    async def settle(self) -> None:
-        """End the help still under way (`_lend`): cancelled and waited for. Called when
-        the spool's block ends; a file in parts waits for its helpers, so after a
-        download that ended well none is left."""
-        helpers = list(self._helpers)
-        for task in helpers:
-            task.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
+        return got
 
     async def _fetch_part(self, remote: RemoteFile, span: _Span, fetch_from: FetchFrom) -> int:
         """``span``'s bytes into its own part file, up to its end, which may move down
@@ -415,8 +339,6 @@ class Spool:
             trace.mark("spool_first_part_answer")
             if start != span.first:
                 raise ProtocolError(f"{remote.key}: answered from byte {start}, asked {span.first}")
-            if span.next >= span.end:
-                return 0  # its file's download ended meanwhile: no file made for nothing
             with path.open("wb") as f:
                 async with _Pending(f) as pending:
                     async for piece in pieces:
@@ -583,58 +505,6 @@ class _Span:
     end: int
 
 
-@dataclasses.dataclass
-class _Board:
-    """One file's parts under way (`Spool._download_parts`): the spans not asked for yet,
-    those coming, and the connections of the spool's other files helping it."""
-
-    remote: RemoteFile
-    fetch_from: FetchFrom
-    waiting: collections.deque[_Span]
-    active: list[_Span] = dataclasses.field(default_factory=list)
-    got: int = 0
-    """Bytes taken on the wire for it."""
-    helpers: int = 0
-    """Its parts being asked for by other files' connections."""
-    quiet: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    """Set while ``helpers`` is 0."""
-    open: bool = True
-
-    def __post_init__(self) -> None:
-        self.quiet.set()
-
-    def next_span(self) -> _Span | None:
-        """A part not asked for yet, else the second half of the one with the most left."""
-        if not self.open:
-            return None
-        return self.waiting.popleft() if self.waiting else _take_half(self.active)
-
-    def close(self) -> None:
-        """Nothing more is asked for it: every part under way stops at its next piece."""
-        self.open = False
-        self.waiting.clear()
-        for span in self.active:
-            span.end = min(span.end, span.next)
-
-
-def _help_span(boards: list[_Board]) -> tuple[_Board, _Span] | None:
-    """For a connection whose own file has nothing left: a part of a file in ``boards``
-    not asked for yet, else the second half of the part with the most left among them
-    (`_take_half`); None when none has one to give. A half only while fewer parts are
-    under way than the source opens connections (`CONNECTIONS_AT_ONCE`): with more (many
-    large files at once), a part asked for would wait for a connection while the one it
-    was taken from stops early and drops its own."""
-    others = [board for board in boards if board.open]
-    for board in others:
-        if board.waiting:
-            return board, board.waiting.popleft()
-    if not others or sum(len(board.active) for board in others) >= CONNECTIONS_AT_ONCE:
-        return None
-    most = max(others, key=lambda board: max((s.end - s.next for s in board.active), default=0))
-    span = _take_half(most.active)
-    return None if span is None else (most, span)
-
-
 def _take_half(active: list[_Span]) -> _Span | None:
     """The second half of the part with the most bytes still to come, taken from it (its
     end moved to the half); None while no part has two `TAKE_MIN_BYTES` left."""
@@ -678,7 +548,6 @@ async def open_spool(state_dir: str | None, kind: str, source: str) -> AsyncIter
                 try:
                     yield spool
                 finally:
-                    await spool.settle()
                     spool.close()
                     released = await spool.removed()
                 if not released:
@@ -691,7 +560,6 @@ async def open_spool(state_dir: str | None, kind: str, source: str) -> AsyncIter
     try:
         yield spool
     finally:
-        await spool.settle()
         spool.close()
         if not await spool.removed():
             await asyncio.to_thread(shutil.rmtree, temporary, True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ import netopt.cache.spool as spool_module
 from netopt.cache.spool import MAX_PARTS, PARTS_MIN_BYTES, missing_spans, split_spans
 from netopt.cache.syncer import run_sync
 from netopt.dataplane.synctypes import SyncOptions
-from netopt.errors import NetworkError, PeerUnreachableError
+from netopt.errors import NetworkError
 from tests.service.cache_helpers import listing_page, request, tree, web_origin
 
 BIG_BYTES = 3 << 20
@@ -64,13 +63,6 @@ class Origin:
     """Send the next this many ranged GETs of ``large.bin`` slowly (`SLOW_PIECE_BYTES` a
     `SLOW_PAUSE_S`), as connections held back by loss are."""
 
-    slow_cuts: list[int | None] = field(default_factory=list)
-    """Cut the next slow answers after this many body bytes (None: not cut)."""
-    slow_begun: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once a slow answer began."""
-    held_until_slow: set[str] = field(default_factory=set)
-    """Files whose ranged GETs are answered only once a slow answer began."""
-
     stalls: list[int] = field(default_factory=list)
     """Stall the next GETs of ``big.bin`` after this many body bytes: the connection stays
     open and nothing more comes (a link cut that TCP has not noticed), until `released`."""
@@ -102,8 +94,6 @@ class Origin:
                 return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
             status = 206
             headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
-        if status == 206 and name in self.held_until_slow:
-            await asyncio.wait_for(self.slow_begun.wait(), 10)
         body = data[start:stop] + os.urandom(self.extra_bytes if name == "big.bin" else 0)
         resp = web.StreamResponse(status=status, headers=headers)
         resp.content_length = len(body)
@@ -125,12 +115,8 @@ class Origin:
             self.slow_ranged -= 1
             self.slow_running += 1
             self.slow_idle.clear()
-            self.slow_begun.set()
             try:
-                cut_at = self.slow_cuts.pop(0) if self.slow_cuts else None
-                assert request.transport is not None
-                cut = None if cut_at is None else (cut_at, request.transport)
-                await _send_slowly(resp, body, self.gets, (name, asked), cut)
+                await _send_slowly(resp, body, self.gets, (name, asked))
             finally:
                 self.slow_running -= 1
                 if not self.slow_running:
@@ -159,18 +145,12 @@ async def _send_slowly(
     body: bytes,
     gets: list[tuple[str, str | None, int]],
     get: tuple[str, str | None],
-    cut: tuple[int, asyncio.BaseTransport] | None = None,
 ) -> None:
-    """``body`` a piece at a time, until the client has it or goes away (or, with
-    ``cut`` (bytes, transport), the connection is cut after that many bytes); what was
-    sent recorded in ``gets`` either way."""
+    """``body`` a piece at a time, until the client has it or goes away; what was sent
+    recorded in ``gets`` either way."""
     sent = 0
     try:
         while sent < len(body):
-            if cut is not None and sent >= cut[0]:
-                await asyncio.sleep(0.3)  # what was sent reaches the client first
-                cut[1].close()
-                return
             await resp.write(body[sent : sent + SLOW_PIECE_BYTES])
             sent = min(len(body), sent + SLOW_PIECE_BYTES)
             await asyncio.sleep(SLOW_PAUSE_S)
@@ -490,103 +470,6 @@ async def test_a_slow_part_is_shared_by_a_connection_that_is_done(
     # that was in flight), well short of its part.
     assert slow[2] < min(taken) - slow[0] + SLOW_PIECE_BYTES * 4
     assert slow[2] < (slow[1] - slow[0]) // 2
-
-
-async def test_a_connection_whose_file_is_in_helps_another_files_slow_part(
-    tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A connection whose own file has nothing left takes halves of another file's part:
-    two files in parts, one connection each; ``large.bin``'s is slow, and its own cannot
-    take from itself while it is busy, so every half taken from it came on the other
-    file's connection (before, that connection ended and the slow part ran alone)."""
-    served, url = origin
-    monkeypatch.setattr(spool_module, "MAX_PARTS", 1)
-    large, other = os.urandom(8 << 20), os.urandom(4 << 20)
-    served.files = {"large.bin": large, "other.bin": other}
-    served.accept_ranges = True
-    served.slow_ranged = 1  # 8 MiB at 64 KiB a 50 ms: 6.4 s alone
-    # other.bin's part comes once large.bin's slow one began: its download is in parts by
-    # then, so other.bin's connection, when done, finds it to help.
-    served.held_until_slow = {"other.bin"}
-    cache, dest = tmp_path / "cache", tmp_path / "dest"
-    await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    assert tree(dest) == served.files
-    await asyncio.wait_for(served.slow_idle.wait(), 10)
-    ranged = _ranged_spans(served)
-    (slow,) = [(first, end, sent) for first, end, sent in ranged if (first, end) == (0, len(large))]
-    taken = [first for first, end, _ in ranged if 0 < first < len(large)]
-    assert taken  # halves of the slow part, asked for by other.bin's connection
-    # The slow part stopped where the last half taken from it began, well short of its end.
-    assert slow[2] < min(taken) + SLOW_PIECE_BYTES * 4
-    assert slow[2] < len(large) // 2
-    assert _spools(cache) == []
-
-
-async def test_a_part_cut_on_a_helping_connection_is_given_back_to_its_file(
-    tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The half another file's connection took is cut: that connection stops helping, and
-    the rest, from the last byte it wrote, goes back to its file, whose own connection
-    asks for it once its slow part is in. The sync needs no second try."""
-    served, url = origin
-    monkeypatch.setattr(spool_module, "MAX_PARTS", 1)
-    large, other = os.urandom(8 << 20), os.urandom(4 << 20)
-    served.files = {"large.bin": large, "other.bin": other}
-    served.accept_ranges = True
-    served.slow_ranged = 1
-    served.held_until_slow = {"other.bin"}
-    # The slow answer takes the first cut (and ignores it); the first half taken is cut.
-    cut_at = 300_000
-    served.cut_ranged = [0, cut_at]
-    cache, dest = tmp_path / "cache", tmp_path / "dest"
-    # No retry window: a failure the help did not absorb would end the sync.
-    await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    assert tree(dest) == served.files
-    await asyncio.wait_for(served.slow_idle.wait(), 10)
-    ranged = _ranged_spans(served)
-    cut = next((first, end) for first, end, sent in ranged if first > 0 and sent == cut_at)
-    # The rest asked for once, from where the cut left it, to the end of that half.
-    assert [(f, e) for f, e, _ in ranged if f == cut[0] + cut_at] == [(cut[0] + cut_at, cut[1])]
-    assert _spools(cache) == []
-
-
-async def test_a_file_that_fails_stops_the_connections_helping_it(
-    tmp_path: Path, origin: tuple[Origin, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``large.bin``'s own connection is cut while other.bin's connection is helping it
-    with a slow half: the file's download ends, the helper stops at its next piece (no
-    writer is left in the spool), every part file kept holds the file's own bytes, and
-    the next run asks only for what is missing and ends byte for byte."""
-    served, url = origin
-    monkeypatch.setattr(spool_module, "MAX_PARTS", 1)
-    large, other = os.urandom(8 << 20), os.urandom(4 << 20)
-    served.files = {"large.bin": large, "other.bin": other}
-    served.accept_ranges = True
-    served.slow_ranged = 2  # its own part, then the half other.bin's connection takes
-    served.slow_cuts = [1 << 20, None]  # its own part is cut after 1 MiB (~0.8 s)
-    served.held_until_slow = {"other.bin"}
-    cache, dest = tmp_path / "cache", tmp_path / "dest"
-    with pytest.raises((NetworkError, PeerUnreachableError)):
-        await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    await asyncio.wait_for(served.slow_idle.wait(), 10)
-    ranged = _ranged_spans(served)
-    helped = [(first, end, sent) for first, end, sent in ranged if first > 0]
-    assert helped  # the half taken by other.bin's connection ...
-    assert all(sent < end - first for first, end, sent in helped)  # ... stopped short
-    (spool,) = _spools(cache)
-    # large.bin's parts (``HASH.parts/atN``, the hash of its remote key: its URL).
-    key_hash = hashlib.sha256(f"{url}large.bin".encode()).hexdigest()[:40]
-    parts = list((spool / f"{key_hash}.parts").glob("at*"))
-    assert parts
-    for part in parts:
-        first = int(part.name.removeprefix("at"))
-        held = part.read_bytes()
-        assert held == large[first : first + len(held)], part.name
-    since = len(served.gets)
-    await run_sync(request(url, dest, cache, sync_options=_options(0)))
-    assert tree(dest) == served.files
-    again = sum(sent for _, _, sent in _ranged_spans(served, since))
-    assert again < len(large)  # what the parts kept was not asked for again
     assert _spools(cache) == []
 
 

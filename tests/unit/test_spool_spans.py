@@ -3,11 +3,9 @@ are cut at first, and which half a connection that is done takes over."""
 
 from __future__ import annotations
 
-import collections
 import itertools
 
 import netopt.cache.spool as spool
-from netopt.cache.remotefiles import CONNECTIONS_AT_ONCE, RemoteFile
 from netopt.cache.spool import PART_BYTES, TAKE_MIN_BYTES, missing_spans, split_spans
 
 MIB = 1 << 20
@@ -61,43 +59,3 @@ def test_nothing_is_taken_under_two_halves_of_the_minimum() -> None:
     assert spool._take_half([span]) is None
     assert span.end == 2 * TAKE_MIN_BYTES - 1
     assert spool._take_half([]) is None
-
-
-def _board(name: str, waiting: list[spool._Span], active: list[spool._Span]) -> spool._Board:
-    remote = RemoteFile(name, name, 64 * MIB, "v", 0, ranges=True)
-    board = spool._Board(remote, None, collections.deque(waiting))  # type: ignore[arg-type]
-    board.active.extend(active)
-    return board
-
-
-def test_a_helper_takes_a_part_not_asked_for_then_the_half_with_the_most_left() -> None:
-    behind = _board("a", [], [spool._Span(0, 0, 8 * MIB)])
-    unasked = _board("b", [spool._Span(0, 0, 4 * MIB)], [])
-    # A part no connection has asked for yet goes first: taking it stops no one.
-    picked = spool._help_span([behind, unasked])
-    assert picked is not None
-    assert picked[0] is unasked
-    assert (picked[1].first, picked[1].end) == (0, 4 * MIB)
-    # Then the second half of the part with the most left, in any file.
-    ahead = _board("c", [], [spool._Span(0, 3 * MIB, 4 * MIB)])
-    picked = spool._help_span([ahead, behind])
-    assert picked is not None
-    assert picked[0] is behind
-    assert (picked[1].first, picked[1].end) == (4 * MIB, 8 * MIB)
-    assert behind.active[0].end == 4 * MIB
-
-
-def test_no_help_for_a_closed_file_nor_a_half_when_every_connection_is_busy() -> None:
-    closed = _board("a", [spool._Span(0, 0, 4 * MIB)], [spool._Span(4 * MIB, 4 * MIB, 8 * MIB)])
-    closed.close()
-    assert spool._help_span([closed]) is None
-    assert closed.active[0].end == 4 * MIB  # it stops at its next piece
-    # As many parts under way as the source opens connections: a half taken would wait
-    # for one while its part stops early.
-    busy = [spool._Span(i * MIB, i * MIB, (i + 1) * MIB) for i in range(CONNECTIONS_AT_ONCE - 1)]
-    full = _board("b", [], [*busy, spool._Span(200 * MIB, 200 * MIB, 208 * MIB)])
-    assert spool._help_span([full]) is None
-    full.active.pop(0)
-    picked = spool._help_span([full])
-    assert picked is not None
-    assert picked[1].first == 204 * MIB
