@@ -36,6 +36,7 @@ from netopt.cache.remotefiles import (
     build_entries,
     file_mtime_ns,
     load_state,
+    merged,
     save_state,
 )
 from netopt.cache.spool import LISTED_ONLY, content_range_start, open_spool, parts_worth
@@ -485,14 +486,20 @@ async def open_http_dir(
                     fetched_bytes += got
                     return remote
 
-                remotes = await at_most(DESCRIBES_AT_ONCE, len(urls), listed)
-                trace.mark("web_listed")
-
                 async def download(remote: RemoteFile) -> tuple[Path, int]:
                     get = functools.partial(_get_from, session)
                     return await link.again(functools.partial(spool.download, remote, get))
 
-                built = await build_entries(remotes, known, avg_chunk_bytes, download)
+                async def listed_and_built(index: int) -> BuiltEntries:
+                    # Each file downloaded (where it changed) and chunked as soon as it
+                    # is listed: a large file's parts no longer wait for every other
+                    # file of the tree to be listed (a tree of thousands of small files
+                    # and a few large ones moved them one after the other).
+                    remote = await listed(index)
+                    trace.mark("web_first_listed")
+                    return await build_entries([remote], known, avg_chunk_bytes, download)
+
+                built = merged(await at_most(DESCRIBES_AT_ONCE, len(urls), listed_and_built))
             except aiohttp.ClientConnectorError as exc:
                 raise PeerUnreachableError(f"{base} is unreachable: {exc}") from exc
             except aiohttp.ClientError as exc:

@@ -39,6 +39,7 @@ __all__ = [
     "build_entries",
     "file_mtime_ns",
     "load_state",
+    "merged",
     "save_state",
 ]
 
@@ -245,6 +246,17 @@ async def build_entries(
         built.entries.append(entry)
         built.remotes[remote.path] = remote
         known[remote.key] = _entry_to_state(remote, entry)
+    return built
+
+
+def merged(parts: Sequence[BuiltEntries]) -> BuiltEntries:
+    """One `BuiltEntries` of ``parts`` (a source's files, each built as it was listed)."""
+    built = BuiltEntries()
+    for part in parts:
+        built.entries += part.entries
+        built.remotes |= part.remotes
+        built.spooled |= part.spooled
+        built.wire_bytes += part.wire_bytes
     return built
 
 

@@ -1,6 +1,6 @@
 """A web-directory sync's timeline (``NETOPT_TRACE``) marks the steps of its open, which
-the benchmark's ``--trace`` prints for ``netopt-web``: the crawl, the files listed, the
-first part's answer, the parts in and joined, the downloads in and chunked.
+the benchmark's ``--trace`` prints for ``netopt-web``: the crawl, the first file listed,
+the first part's answer, the parts in and joined, the downloads in and chunked.
 
 The origin is a real aiohttp static server on loopback (a listing, ranges, ETag), the
 sync a real ``netopt sync`` process.
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 ORDER = (
     "web_crawled",
-    "web_listed",
+    "web_first_listed",
     "spool_first_part_answer",
     "spool_parts_in",
     "spool_joined",
