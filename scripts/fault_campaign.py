@@ -761,7 +761,9 @@ def trial_link_cuts(work: Path, cuts_s: tuple[float, ...], data_mb: int) -> Tria
                     "--tls-ca",
                     str(tls.ca_cert),
                 )
-                _cut_mid_sync(lab, t, cut_s, argv, (dest, want), env_for(work))
+                # Cut once 1 MiB crossed (the sync's data is moving, most of it left):
+                # a fixed delay alone cut a fast machine's sync with under 1 MB to go.
+                _cut_mid_sync(lab, t, cut_s, argv, (dest, want), env_for(work), 1 << 20)
         finally:
             stop(server)
     return t
@@ -776,7 +778,7 @@ def _cut_mid_sync(
     env: dict[str, str],
     cut_after_bytes: int = 0,
 ) -> None:
-    """Run ``argv`` (a sync on hk-1 into ``want``'s directory), cut the border link 1.5 s
+    """Run ``argv`` (a sync on hk-1 into ``want``'s directory), cut the border link 0.5 s
     in (and once ``cut_after_bytes`` crossed us -> hk) for ``cut_s``; check that data
     flows again within `FLOWING_GOAL_S` of the restore and that the sync ends with
     ``want``'s tree."""
@@ -785,7 +787,7 @@ def _cut_mid_sync(
     crossed = _us_to_hk_bytes(lab) + cut_after_bytes
     client = lab.popen("hk-1", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        env=env)  # fmt: skip
-    time.sleep(1.5)
+    time.sleep(0.5)
     while _us_to_hk_bytes(lab) < crossed and client.poll() is None:
         if time.monotonic() - started > CUT_WAIT_S:
             t.check(False, f"cut {cut_s} s: {cut_after_bytes} B had not crossed in {CUT_WAIT_S} s")
