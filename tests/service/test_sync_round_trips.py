@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from netopt.chunking import chunk_bytes
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.handlers import auth_middleware
 from netopt.dataplane.limits import MAX_CHUNK_PARTS
@@ -230,7 +231,10 @@ async def test_the_stream_that_empties_the_queue_ends_every_streams_names(
     # for its own frame to name its end (a round trip late on a real link), the first
     # stream would wait here until it counted as stalled, and its chunk would be fetched
     # again.
-    files = {"a.bin": os.urandom(20_000), "b.bin": os.urandom(20_000)}
+    # Under the chunker's smallest chunk (a quarter of the average): one chunk a file.
+    # Random files of 20,000 bytes were cut in two about one time in twelve.
+    files = {"a.bin": os.urandom(8_000), "b.bin": os.urandom(8_000)}
+    assert all(len(chunk_bytes(data, CHUNK_BYTES)) == 1 for data in files.values())
     (tmp_path / "src").mkdir()
     for rel, data in files.items():
         (tmp_path / "src" / rel).write_bytes(data)
