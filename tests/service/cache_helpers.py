@@ -6,9 +6,10 @@ import os
 import random
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -144,6 +145,21 @@ def listing_page(names: Iterable[str]) -> web.Response:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def static_origin(src: Path, middlewares: Sequence[Any] = ()) -> AsyncIterator[str]:
+    """A real aiohttp static origin on loopback serving ``src`` at ``/ds/`` (a listing,
+    ranges, ETag and Last-Modified), ``middlewares`` first; its base URL."""
+    app = web.Application(middlewares=list(middlewares))
+    app.add_routes([web.static("/ds/", src, show_index=True)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/ds/"
+    finally:
+        await runner.cleanup()
 
 
 @asynccontextmanager

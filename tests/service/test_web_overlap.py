@@ -15,7 +15,7 @@ from aiohttp import web
 
 from netopt.cache.spool import PARTS_MIN_BYTES
 from netopt.cache.syncer import run_sync
-from tests.service.cache_helpers import request, tree
+from tests.service.cache_helpers import request, static_origin, tree
 
 SMALL_FILES = 1000
 """Eight times the files listed at once (128): the last ones wait for slots, 8 pauses."""
@@ -43,16 +43,8 @@ async def test_a_large_files_parts_begin_before_the_small_files_are_all_in(
         requests.append((request.path, request.headers.get("Range"), began_s, time.monotonic()))
         return response
 
-    app = web.Application(middlewares=[paced])
-    app.add_routes([web.static("/ds/", src, show_index=True)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/ds/"
+    async with static_origin(src, [paced]) as url:
         await run_sync(request(url, tmp_path / "dest", tmp_path / "cache"))
-    finally:
-        await runner.cleanup()
     assert tree(tmp_path / "dest") == tree(src)
     parts = [began for path, ranged, began, _ in requests if "large" in path and ranged]
     assert len(parts) >= 2  # in parts

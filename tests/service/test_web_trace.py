@@ -14,10 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
 from netopt.cache.spool import PARTS_MIN_BYTES
-from tests.service.cache_helpers import tree
+from tests.service.cache_helpers import static_origin, tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,25 +38,16 @@ async def test_a_web_sync_marks_its_open_in_order(tmp_path: Path) -> None:
     large_bytes = 2 * PARTS_MIN_BYTES + 12_345
     (src / "large.bin").write_bytes(os.urandom(large_bytes))
     (src / "small.txt").write_bytes(b"a small file\n" * 50)
-    app = web.Application()
-    app.add_routes([web.static("/ds/", src, show_index=True)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     trace_path = tmp_path / "trace.json"
     env = {**os.environ, "NETOPT_TRACE": str(trace_path)}
     env.pop("NETOPT_TOKEN", None)
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/ds/"
+    async with static_origin(src) as url:
         sync = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "netopt", "sync", url, str(tmp_path / "dest"),
             "--cache-dir", str(tmp_path / "cache"), "--json",
             cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(sync.communicate(), timeout=120)
-    finally:
-        await runner.cleanup()
     assert sync.returncode == 0, (out + err).decode()[-2000:]
     assert tree(tmp_path / "dest") == tree(src)
     timeline = json.loads(trace_path.read_text())
