@@ -94,11 +94,14 @@ def one_sync(
     if proc.returncode != 0:
         raise SystemExit(f"netopt sync exited {proc.returncode}: {err.strip()[-1000:]}")
     report = json.loads(out)
-    raw = json.loads(trace_path.read_text()).get("marks", {}) if trace_path.exists() else {}
+    traced = json.loads(trace_path.read_text()) if trace_path.exists() else {}
+    raw = traced.get("marks", {})
     marks = {name: round(at_s - started_s, 3) for name, at_s in raw.items()}  # one clock
     return {"marks": marks, "wall_s": round(wall_s, 3), "sync_s": round(report["seconds"], 3),
             "files_written": report["files_written"],
-            "chunks_fetched": report["chunks_fetched"]}  # fmt: skip
+            "chunks_fetched": report["chunks_fetched"],
+            "wire_bytes": report.get("wire_bytes"), "counts": traced.get("counts", {}),
+            "plan": report.get("plan")}  # fmt: skip
 
 
 def main() -> int:

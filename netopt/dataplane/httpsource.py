@@ -38,6 +38,7 @@ from netopt.dataplane.chunkio import (
     max_frame_bytes,
     part_bounds,
 )
+from netopt.dataplane.hedge import gather_hedged
 from netopt.dataplane.limits import (
     MAX_CHUNK_PARTS,
     MAX_INFO_BYTES,
@@ -823,7 +824,8 @@ class HttpChunkSource:
         """``chunk_id`` fetched as ``parts`` slices in parallel (one request each over the
         pool's connections, the warm ones first), decoded and joined: unverified, as
         `fetch_chunk`'s. For a sync of fewer chunks than streams: each connection's slow
-        start then carries a slice, not one connection the whole chunk.
+        start then carries a slice, not one connection the whole chunk. A part that is
+        late against the others (a lost packet) is asked again (`gather_hedged`).
 
         Each part's response names the version current after its read (`VERSION_HEADER`),
         counted as a stream's end frame is (see `version_at_end`). IntegrityError for a
@@ -835,7 +837,7 @@ class HttpChunkSource:
         level = str(self.zstd_level or 0)
         trace.mark("first_request")
 
-        async def one(part: int) -> tuple[bytes, int, str | None]:
+        async def one(part: int) -> tuple[RawChunk, str | None]:
             start, end = part_bounds(length_bytes, part, parts)
             params = {"level": level, "part": str(part), "parts": str(parts)}
             headers: dict[str, str] = {}
@@ -843,23 +845,25 @@ class HttpChunkSource:
             trace.mark("first_byte")
             if codec not in ("zstd", "identity"):
                 raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
-            raw = RawChunk(bytes(body), cast(Codec, codec), len(body))
-            data = await asyncio.to_thread(decode_part, raw, chunk_id, end - start)
-            return data, len(body), headers.get(VERSION_HEADER)
+            return RawChunk(bytes(body), cast(Codec, codec), len(body)), headers.get(VERSION_HEADER)
 
-        tasks = [asyncio.ensure_future(one(part)) for part in range(parts)]
-        try:
-            results = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:  # one part failed: the chunk is asked again whole
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        # A late part is asked again (`gather_hedged`: timed by the answers alone, so
+        # decoded after); a part whose every copy failed fails the chunk, which is then
+        # asked again whole.
+        results = await gather_hedged(parts, one)
         trace.mark_last("last_byte")
         # Every part arrived: their versions count as streams' ends would.
-        self._stream_versions.extend(version for _, _, version in results)
-        data = b"".join(piece for piece, _, _ in results)
-        return RawChunk(data, "identity", sum(wire for _, wire, _ in results))
+        self._stream_versions.extend(version for _, version in results)
+
+        def decoded(part: int, raw: RawChunk) -> bytes:
+            start, end = part_bounds(length_bytes, part, parts)
+            return decode_part(raw, chunk_id, end - start)
+
+        pieces = await asyncio.gather(
+            *(asyncio.to_thread(decoded, part, raw) for part, (raw, _) in enumerate(results))
+        )
+        data = b"".join(pieces)
+        return RawChunk(data, "identity", sum(raw.wire_bytes for raw, _ in results))
 
 
 def stream_versions_at_end(named: Sequence[str | None]) -> str | None:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,20 +69,24 @@ async def _serve(
     corrupt_parts: int = 0,
     late_health: asyncio.Event | None = None,
     info_chunk_parts: int | None = None,
+    held_part: tuple[str, asyncio.Event] | None = None,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
     a stream request is answered only once its body (the names) has ended.
     ``late_health``: the second health request (a warm-up's) is answered only once it is
     set (10 s at most), as a connection whose handshake lost a packet is late.
     ``info_chunk_parts``: the info says the server cuts a chunk into that many parts at
-    most (as an older server's does)."""
+    most (as an older server's does). ``held_part`` (part, event): the first request for
+    that part of a chunk is answered only once the event is set (30 s at most), as one
+    whose packet was lost waits for the sender's loss recovery."""
 
     corrupted: list[str] = []
     health_seen = 0
+    held = False
 
     @web.middleware
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
-        nonlocal health_seen
+        nonlocal health_seen, held
         started_s = time.monotonic()
         status = 0
         try:
@@ -89,6 +94,9 @@ async def _serve(
                 health_seen += 1
                 if health_seen == 2:
                     await asyncio.wait_for(late_health.wait(), 10)
+            if held_part is not None and request.query.get("part") == held_part[0] and not held:
+                held = True
+                await asyncio.wait_for(held_part[1].wait(), 30)
             if whole_stream_bodies and _route(request.path) == "stream":
                 await request.content.wait_eof()  # unread: the handler reads the names
             resp = await handler(request)
@@ -257,24 +265,28 @@ def _real_text(size_bytes: int) -> bytes:
     return bytes(text[:size_bytes])
 
 
+async def _sync_four_parts(port: int, dest: Path, *, read_timeout_s: float) -> SyncSummary:
+    """The dataset synced in process over four streams at zstd 3 (20 s at most)."""
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=read_timeout_s)
+    async with asyncio.timeout(20):
+        summary, _ = await sync_url(
+            f"netopt://127.0.0.1:{port}/ds", dest, client,
+            client_cpu=CPU, sync_options=FAST, streams=4, zstd_level=3,
+        )  # fmt: skip
+    return summary
+
+
 async def test_a_one_chunk_sync_fetches_its_chunk_in_parts_over_every_stream(
     tmp_path: Path,
 ) -> None:
     # One large chunk and four streams: the chunk comes as parts, one per connection, all
     # asked at once after the manifest (one round), each naming the version after its
     # read, so no info request follows. The joined chunk is verified whole.
-    files = {"one.py": _real_text(700 * 1024)}
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    files = _one_file(tmp_path / "src", 700 * 1024)
     seen: list[Seen] = []
     runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024)
-    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
     try:
-        async with asyncio.timeout(20):
-            summary, _ = await sync_url(
-                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
-                client_cpu=CPU, sync_options=FAST, streams=4, zstd_level=3,
-            )  # fmt: skip
+        summary = await _sync_four_parts(port, tmp_path / "dest", read_timeout_s=2)
     finally:
         await runner.cleanup()
     check_tree(tmp_path / "dest", files)
@@ -295,6 +307,37 @@ async def test_a_one_chunk_sync_fetches_its_chunk_in_parts_over_every_stream(
     manifest = next(s for s in seen if s.route == "manifest")
     assert all(s.started_s >= manifest.ended_s for s in asked)
     assert summary.wire_bytes < summary.logical_bytes  # each part came compressed
+
+
+async def test_a_part_held_back_is_asked_again_and_the_sync_does_not_wait_for_it(
+    tmp_path: Path,
+) -> None:
+    # Part 1's first request is held by the server (as a lost packet holds a part back on
+    # a lossy link): once the other parts show it late, the sync asks for it again on
+    # another connection and ends with that copy, well inside the 30 s read timeout a
+    # held request would otherwise wait out (then the chunk is asked again whole).
+    files = _one_file(tmp_path / "src", 700 * 1024)
+    seen: list[Seen] = []
+    release = asyncio.Event()
+    runner, port = await _serve(
+        tmp_path / "src", seen, chunk_bytes=1024 * 1024, held_part=("1", release)
+    )
+    try:
+        summary = await _sync_four_parts(port, tmp_path / "dest", read_timeout_s=30)
+        synced_s = time.monotonic()
+        assert not release.is_set()
+    finally:
+        release.set()
+        await runner.cleanup()
+    check_tree(tmp_path / "dest", files)
+    assert summary.chunks_fetched == 1
+    assert summary.chunk_retries == 0  # not asked again whole: the part's copy came
+    asked = [s for s in seen if s.route == "chunks" and s.query is not None]
+    copies = Counter(s.query["part"] for s in asked if s.query is not None)
+    assert copies["1"] >= 2, copies
+    assert set(copies) == {"0", "1", "2", "3"}, copies
+    held = min((s for s in asked if s.query and s.query["part"] == "1"), key=lambda s: s.started_s)
+    assert held.ended_s > synced_s  # the sync ended while the first request was held
 
 
 async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -> None:
@@ -341,9 +384,7 @@ async def test_a_part_naming_another_version_makes_the_sync_check_the_info(
     # The parts' version headers stand in for the check only when they name the version
     # synced: here each names another, so the sync asks for the info once more (which
     # still names the synced version: the sync succeeds, byte for byte).
-    files = {"one.py": _real_text(400 * 1024)}
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    files = _one_file(tmp_path / "src", 400 * 1024)
     seen: list[Seen] = []
     runner, port = await _serve(
         tmp_path / "src", seen, chunk_bytes=1024 * 1024, part_version="0" * 64
@@ -367,9 +408,7 @@ async def test_a_bad_part_fails_the_joined_chunk_check_and_the_chunk_is_asked_ag
     # The first part served has a flipped byte (same length, no compression: the part
     # decodes): the joined chunk fails its BLAKE3 check, nothing bad is written, and the
     # chunk is fetched again in parts.
-    files = {"one.py": _real_text(400 * 1024)}
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "one.py").write_bytes(files["one.py"])
+    files = _one_file(tmp_path / "src", 400 * 1024)
     seen: list[Seen] = []
     runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024, corrupt_parts=1)
     client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
@@ -386,9 +425,9 @@ async def test_a_bad_part_fails_the_joined_chunk_check_and_the_chunk_is_asked_ag
     assert [s.route for s in seen].count("chunks") == 2 * 2 * summary.chunks_fetched
 
 
-def _one_file(src: Path) -> dict[str, bytes]:
-    """``src`` holding one 1 MiB file of real text (one chunk at 4 MiB): its files."""
-    files = {"one.py": _real_text(1024 * 1024)}
+def _one_file(src: Path, size_bytes: int = 1024 * 1024) -> dict[str, bytes]:
+    """``src`` holding one file of real text (1 MiB: one chunk at 4 MiB): its files."""
+    files = {"one.py": _real_text(size_bytes)}
     src.mkdir()
     (src / "one.py").write_bytes(files["one.py"])
     return files
