@@ -102,6 +102,8 @@ class Row:
     """Every byte of the kind arrived."""
     plan_rtt_ms: float | None = None
     """The RTT netopt's plan used, when its JSON says."""
+    plan_reasons: list[str] | None = None
+    """The plan's reasons (level, streams, bottleneck, fixed costs), when its JSON says."""
     limit_mbps: float | None = None
     """iperf3 -P8 of the same mode x the kind's best zstd ratio (iperf3 alone if incompressible)."""
 
@@ -582,6 +584,7 @@ def _run_tool(
     got = arrived_bytes(dest)
     logical = min(got, info.size_bytes)
     predicted = internal = plan_rtt = None
+    reasons: list[str] | None = None
     if served and not timed_out and rc == 0:
         with_plan = json.loads(out)
         # The cache's sync reports the transfer plan as "transfer_plan".
@@ -591,8 +594,10 @@ def _run_tool(
         # The figures the plan used, each with its source (`link_figures` in --json).
         rtt = with_plan.get("link_figures", {}).get("rtt_ms", {}).get("value")
         plan_rtt = float(rtt) if rtt is not None else None
+        reasons = [str(r) for r in plan.get("reasons", [])]
     row = Row(mode, name, tool, seconds, logical, wire, cpu, timed_out, predicted, internal)
     row.exit_code, row.complete, row.plan_rtt_ms = rc, got == info.size_bytes, plan_rtt
+    row.plan_reasons = reasons
     if timed_out and tool in ("aria2c", "rsync", "rclone"):
         # Partial files say little for segmented or temp-file downloads: rate from wire.
         row.logical_bytes = wire

@@ -202,6 +202,7 @@ class HttpChunkStream:
                 self._ctx = self._session.post(self._url, params=self._params, data=self._body())
                 async with asyncio.timeout(self._answer_timeout_s):
                     self._resp = await self._ctx.__aenter__()
+                trace.mark("first_answer")  # the first stream's status line and headers
                 fail_reads_on_close(self._resp)
                 await self._check_status(self._resp, self._where)
             bound = self._bundle_bound if self._bundles else None
