@@ -449,7 +449,8 @@ class HttpChunkStream:
             if not self._broken:
                 # Read the end of the response so the connection goes back to the pool:
                 # a few bytes at most (the frames asked for were all read).
-                tail = await asyncio.wait_for(_drain(resp, _DRAIN_MAX_BYTES), timeout=5.0)
+                with trace.timed("stream_end_wait"):
+                    tail = await asyncio.wait_for(_drain(resp, _DRAIN_MAX_BYTES), timeout=5.0)
                 if tail is not None:  # the end frame may be in the carry already
                     tail = self._carry[self._carry_at :] + tail
                 self.end_version = parse_end_frame(tail) if tail is not None else None
