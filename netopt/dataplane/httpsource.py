@@ -103,6 +103,12 @@ MAX_CUT_CHECKS = 8
 """Streams cut with chunks delivered whose version is asked for as they close (see
 `HttpChunkSource.stream_closed`); past these the sync's end asks once, as it does for a
 stream the network broke."""
+END_LATE_RTTS = 2
+END_LATE_MIN_S = 0.2
+"""A closing stream whose end frame has not come ``END_LATE_RTTS`` round trips after its
+last frame was read (at least ``END_LATE_MIN_S``) asks for the version instead (see
+`HttpChunkSource.end_late_s`): the end frame normally follows the last frame within a
+round trip."""
 STALL_MIN_S = 2.0
 STALL_MAX_S = 10.0
 STALL_RTTS = 4
@@ -302,6 +308,14 @@ class HttpChunkSource:
             rtt_s = min(self.round_trips_s.values())
         return stall_timeout_s(rtt_s)
 
+    @property
+    def end_late_s(self) -> float | None:
+        """How long a closing stream waits for its end frame before a version check stands
+        in for it (`END_LATE_RTTS`); None while the round trip is unknown."""
+        if self.rtt_s is None:
+            return None
+        return max(END_LATE_MIN_S, END_LATE_RTTS * self.rtt_s)
+
     def note_round_trip(self, seconds: float, source: str) -> None:
         """Keep ``seconds`` if it is the shortest round trip seen from ``source``."""
         if seconds > 0 and seconds < self.round_trips_s.get(source, float("inf")):
@@ -492,7 +506,7 @@ class HttpChunkSource:
         # as a link is cut then fails in seconds and the link watch starts, where the
         # session's 60 s read timeout (and a warm socket's 10 s user timeout) left it on
         # TCP's backed-off timer: data came 4.5 s after a 5 s cut's end on the lab.
-        return _LevelledStream(
+        stream = _LevelledStream(
             self,
             session,
             self.url.base + path,
@@ -504,6 +518,8 @@ class HttpChunkSource:
             self._count_wire if self._bucket is None else None,
             self.stall_timeout_s,
         )
+        stream.end_late_s = self.end_late_s
+        return stream
 
     def _count_wire(self, n_bytes: int) -> None:
         """Bytes a stream read off a response without `_read_exactly` (its buffered frames)."""
@@ -516,7 +532,7 @@ class HttpChunkSource:
         chunk came first) names no version after its last chunk was read. The server
         had read every chunk it delivered before the client had it, so a version asked
         for once the last one was in stands in for the missing end frame
-        (`_ask_version_after`). Asked in the tail, its answer is in before the sync
+        (`version_check_after`). Asked in the tail, its answer is in before the sync
         ends, which then need not ask (a round trip) as it did. A stream the network
         broke leaves the question to the end, as before: asked now, it could wait on a
         link that is down, and the end would wait for it.
@@ -525,7 +541,7 @@ class HttpChunkSource:
             return
         if stream.end_version is not None:
             self._stream_versions.append(stream.end_version)
-        elif stream.failed or not self._ask_version_after(stream):
+        elif stream.failed or self.version_check_after(stream) is None:
             self._stream_versions.append(None)  # the end asks
 
     def may_be_cut(self, stream: HttpChunkStream) -> None:
@@ -535,21 +551,22 @@ class HttpChunkSource:
         has had the steal's time to come in (asked as it is cut, the tail's last cut
         came a round trip before the end)."""
         if stream.frames_read:
-            self._ask_version_after(stream)
+            self.version_check_after(stream)
 
-    def _ask_version_after(self, stream: HttpChunkStream) -> bool:
-        """Make sure a version is asked for after ``stream``'s last frame: one asked
-        already for another stream, if asked after it; else one asked now. False when
-        neither: `MAX_CUT_CHECKS` are asked already."""
-        if any(asked_s >= stream.last_frame_s for asked_s, _ in self._cut_checks):
-            trace.count("version_checks_shared")
-            return True
+    def version_check_after(self, stream: HttpChunkStream) -> asyncio.Task[str | None] | None:
+        """A version asked for after ``stream``'s last frame: one asked already for another
+        stream, if asked after it; else one asked now. None when neither: `MAX_CUT_CHECKS`
+        are asked already."""
+        for asked_s, check in self._cut_checks:
+            if asked_s >= stream.last_frame_s:
+                trace.count("version_checks_shared")
+                return check
         if len(self._cut_checks) >= MAX_CUT_CHECKS:
-            return False
+            return None
         trace.count("version_checks_at_cut")
-        asked_s = time.monotonic()
-        self._cut_checks.append((asked_s, asyncio.ensure_future(self._version_now())))
-        return True
+        check = asyncio.ensure_future(self._version_now())
+        self._cut_checks.append((time.monotonic(), check))
+        return check
 
     async def _version_now(self) -> str | None:
         """The server's dataset version as of now; None when it cannot be asked."""
@@ -928,6 +945,12 @@ class _LevelledStream(HttpChunkStream):
         """The chunk this stream waits for was asked for elsewhere too (see
         `HttpChunkSource.may_be_cut`)."""
         self._source.may_be_cut(self)
+
+    def end_is_late(self) -> asyncio.Future[str | None] | None:
+        """Its end frame is late: the version asked for after its last frame stands in
+        (`HttpChunkSource.version_check_after`)."""
+        trace.count("stream_ends_late")
+        return self._source.version_check_after(self)
 
     def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
         raw = super().next_buffered(chunk_id, length_bytes)
