@@ -154,10 +154,10 @@ class HttpChunkStream:
         """Bytes taken off the response by `next_buffered` and not yet consumed (from
         ``_carry_at`` on): the next frames, whole or in part."""
         self.frames_read = 0
+        """Frames read whole off this stream."""
         self.end_late_s: float | None = None
         """After this long waiting for its end frame, a closing stream asks for a stand-in
         (`end_is_late`); None: it waits `END_WAIT_S` for the frame."""
-        """Frames read whole off this stream."""
         self.last_frame_s = 0.0
         """When the last of them was handed out (``time.monotonic``; 0.0: none yet): the
         server had read it before then."""
