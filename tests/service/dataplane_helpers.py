@@ -21,6 +21,19 @@ TOKEN = "test-token-0123456789abcdef"
 CPU = CpuProfile(2, {1: 300e6, 3: 150e6}, {1: 900e6, 3: 900e6}, per_file_s=0.0)
 FAST = SyncOptions(retry_window_s=0.3, max_attempts=4, backoff_initial_s=0.01, backoff_max_s=0.05)
 CHUNK_BYTES = 64 * 1024
+REPO = Path(__file__).resolve().parents[2]
+
+
+def real_text(size_bytes: int) -> bytes:
+    """``size_bytes`` of this repository's own Python source (real, compressible text;
+    about 2 MB in all)."""
+    text = bytearray()
+    for path in sorted((REPO / "netopt").rglob("*.py")):
+        text += path.read_bytes()
+        if len(text) >= size_bytes:
+            break
+    assert len(text) >= size_bytes, f"only {len(text)} bytes of source text"
+    return bytes(text[:size_bytes])
 
 
 def make_dataset(root: Path) -> dict[str, bytes]:

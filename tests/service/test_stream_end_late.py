@@ -18,15 +18,16 @@ from aiohttp import web
 
 from netopt.dataplane import handlers
 from netopt.dataplane.streaming import END_WAIT_S
-from tests.service.dataplane_helpers import TOKEN, check_tree, serve_with_middleware
+from tests.service.dataplane_helpers import TOKEN, check_tree, real_text, serve_with_middleware
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    """Files of real text, many 64 KiB chunks: the sync streams them."""
-    text = b"".join(p.read_bytes() for p in sorted((REPO / "netopt" / "dataplane").glob("*.py")))
-    files = {f"part-{i}.py": text[i * 200_000 : (i + 1) * 200_000] for i in range(3)}
+    """Three files of 600 KB of real text: ~28 chunks of 64 KiB, more than the streams, so
+    they are streamed (not cut into parts)."""
+    text = real_text(3 * 600_000)
+    files = {f"part-{i}.py": text[i * 600_000 : (i + 1) * 600_000] for i in range(3)}
     for rel, data in files.items():
         (root / rel).write_bytes(data)
     return files
@@ -61,7 +62,7 @@ async def test_a_late_end_frame_is_stood_in_for_by_a_version_check(
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "netopt", "sync", f"netopt://127.0.0.1:{port}/ds",
             str(tmp_path / "dest"), "--cache-dir", str(tmp_path / "cache"), "--json",
-            "--streams", "2",
+            "--streams", "4",  # the plan's count on every kind of the lab's benchmark
             cwd=REPO, env={**os.environ, "NETOPT_TOKEN": TOKEN, "NETOPT_TRACE": str(trace_path)},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
