@@ -18,6 +18,7 @@ import time
 from datetime import timedelta
 
 from netopt.torch import StepMeter, apply_comm_hook, import_torch
+from netopt.torch.procexit import exit_skipping_teardown
 
 WIDTH, LAYERS, BATCH = 576, 6, 32
 
@@ -67,6 +68,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # Gloo's threads may abort at interpreter teardown
+    exit_skipping_teardown(main())

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from netopt.torch.procexit import exit_skipping_teardown
 from netopt.torch.trainbench import (
     RESULT_PREFIX,
     TRAIN_HOOKS,
@@ -314,10 +315,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: Gloo's background threads sometimes abort the process
-    # there ("terminate called without an active exception", exit -6) after the steps
-    # are done and the result written; the loopback demo failed so once in CI.
-    os._exit(code)
+    exit_skipping_teardown(main())

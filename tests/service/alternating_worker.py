@@ -28,6 +28,7 @@ import sys
 from datetime import timedelta
 
 from netopt.torch import apply_comm_hook, import_torch
+from netopt.torch.procexit import exit_skipping_teardown
 from netopt.torch.trainbench import ModelShape, build_model
 
 LAYOUT = ("hk", "hk", "hk", "us")
@@ -134,6 +135,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # see nccl_ddp_worker.py: Gloo's threads may abort at teardown
+    exit_skipping_teardown(main())

@@ -18,6 +18,7 @@ import sys
 from datetime import timedelta
 
 from netopt.torch import apply_comm_hook, import_torch
+from netopt.torch.procexit import exit_skipping_teardown
 
 WIDTH, LAYERS, BATCH, STEPS, BUCKET_MB = 576, 6, 64, 5, 1
 POWERSGD_RANK, START_ITER = 2, 2
@@ -104,6 +105,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # see nccl_ddp_worker.py: Gloo's threads may abort at teardown
+    exit_skipping_teardown(main())

@@ -13,6 +13,7 @@ import sys
 from datetime import timedelta
 
 from netopt.torch import apply_comm_hook, import_torch
+from netopt.torch.procexit import exit_skipping_teardown
 
 
 def main() -> int:
@@ -49,9 +50,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    # Skip interpreter teardown: Gloo's background threads sometimes abort the process
-    # there ("terminate called without an active exception") after all work is done and
-    # reported; what this test checks is the hooks, not PyTorch's shutdown order.
-    os._exit(code)
+    exit_skipping_teardown(main())

@@ -32,6 +32,7 @@ from datetime import timedelta
 from netopt.torch import apply_comm_hook, apply_local_sgd, import_torch
 from netopt.torch.hierarchical import hierarchical_powersgd_state
 from netopt.torch.lowrank import lowrank_hook
+from netopt.torch.procexit import exit_skipping_teardown
 
 SHAPES = ((512, 768), (768, 512), (512, 640), (640, 384), (384, 512), (512, 256), (256, 100))
 BATCH, STEPS, BUCKET_MB = 4, 3, 1  # buckets are rebuilt after step 0
@@ -190,6 +191,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # see nccl_ddp_worker.py: Gloo's threads may abort at teardown
+    exit_skipping_teardown(main())

@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from netopt.torch import StepMeter, apply_comm_hook, import_torch
+from netopt.torch.procexit import exit_skipping_teardown
 
 WIDTH, LAYERS, BATCH, STEPS = 576, 6, 32, 6
 DATA_SLEEP_S, COMM_SLEEP_S = 0.15, 0.2
@@ -106,7 +107,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # see nccl_ddp_worker.py: Gloo's threads may abort at teardown
+    exit_skipping_teardown(main())
