@@ -32,12 +32,17 @@ __all__ = [
     "DROP_LINK_DOWN",
     "DROP_LOSS",
     "DROP_QUEUE",
+    "EARLY_NS",
     "DirectionShape",
     "DirectionShaper",
     "DirectionStats",
     "serialization_ns",
 ]
 
+EARLY_NS = 50_000
+"""The relay and the user-space proxies send a packet due within this many ns at once (one
+wake-up serves a burst): an emulated one-way delay may come this much short of its
+configuration, a round trip twice this."""
 DROP_LOSS = -1
 """``offer`` result: random loss on the wire."""
 DROP_QUEUE = -2

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from netopt.errors import LabError
-from netopt.lab.emulator import DirectionShape, DirectionShaper
+from netopt.lab.emulator import EARLY_NS, DirectionShape, DirectionShaper
 from netopt.lab.netns import enter_netns
 
 __all__ = ["Endpoint", "RelaySpec", "main", "open_tun", "relay_request", "run_relay"]
@@ -44,7 +44,6 @@ _MAX_PACKET_BYTES = 65536
 _READ_BATCH = 64
 _IDLE_WAIT_S = 1.0
 _PRECISE_WAIT_NS = 1_000_000
-_EARLY_NS = 50_000
 _RELAY_NICE = -10
 _RELAY_RT_PRIORITY = 1
 
@@ -192,7 +191,7 @@ def _timeout_s(q_ab: deque[tuple[int, bytes]], q_ba: deque[tuple[int, bytes]], n
         next_ns = q_ba[0][0]
     else:
         return _IDLE_WAIT_S
-    wait_ns = next_ns - now - _EARLY_NS
+    wait_ns = next_ns - now - EARLY_NS
     if wait_ns > 2 * _PRECISE_WAIT_NS:
         # Long sleeps wake late (deep idle states); finish with a short one.
         wait_ns -= _PRECISE_WAIT_NS
@@ -213,13 +212,13 @@ def run_relay(spec: RelaySpec, fd_a: int, fd_b: int, server: socket.socket) -> N
     clock_ns, wait = time.monotonic_ns, select.select
     try:
         while True:
-            # Packets due within _EARLY_NS go now: one wake-up serves a burst.
-            due = clock_ns() + _EARLY_NS
+            # Packets due within EARLY_NS go now: one wake-up serves a burst.
+            due = clock_ns() + EARLY_NS
             if q_ab:
                 _flush(fd_b, q_ab, ab, due)
             if q_ba:
                 _flush(fd_a, q_ba, ba, due)
-            ready = wait(readers, [], [], _timeout_s(q_ab, q_ba, due - _EARLY_NS))[0]
+            ready = wait(readers, [], [], _timeout_s(q_ab, q_ba, due - EARLY_NS))[0]
             for fd in ready:
                 if fd == fd_a:
                     _pump(fd_a, q_ab, ab, rng_ab)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from netopt.errors import LabError
-from netopt.lab.emulator import DROP_LOSS
+from netopt.lab.emulator import DROP_LOSS, EARLY_NS
 
 if TYPE_CHECKING:
     from netopt.lab.emulator import DirectionShaper
@@ -33,7 +33,6 @@ _CONNECT_TIMEOUT_S = 10.0
 _MAX_DATAGRAM_BYTES = 65535
 _READ_BATCH = 64
 _MAX_UDP_PEERS = 1024
-_EARLY_NS = 50_000  # a timer that fires this close to a datagram's arrival delivers it
 
 _log = logging.getLogger(__name__)
 
@@ -265,7 +264,7 @@ class _Outbox:
     def _flush(self) -> None:
         self._timer = None
         now = _now_ns()
-        while self._queue and self._queue[0][0] <= now + _EARLY_NS:
+        while self._queue and self._queue[0][0] <= now + EARLY_NS:
             _, sock, data, addr = self._queue.popleft()
             try:
                 if addr is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from netopt.config import load_settings
+from netopt.lab.emulator import EARLY_NS
 
 
 @pytest.mark.lab
@@ -27,8 +28,12 @@ def test_demo_measures_tunes_and_crosses_the_border_once(tmp_path: Path) -> None
 
     cross = [m for m in report["matrix"] if m["src"][:2] != m["dst"][:2]]
     assert cross
-    for m in cross:  # 40 ms each way (the emulator's accuracy has tests of its own)
-        assert 80.0 <= m["rtt_p50_ms"] <= 85.0
+    # 40 ms each way (the emulator's accuracy has tests of its own); the relay sends a
+    # packet due within EARLY_NS at once, so a round trip may be 2 x EARLY_NS short (a p50
+    # of 79.978 ms failed the bound of 80.0 once in four runs).
+    shortest_ms = 80.0 - 2 * EARLY_NS / 1e6
+    for m in cross:
+        assert shortest_ms <= m["rtt_p50_ms"] <= 85.0
     # The links file the demo wrote is a valid links file, and the env file exists.
     load_settings(report_dir / "links.yaml", "links", env={})
     env = (report_dir / "nccl.env").read_text()
