@@ -49,6 +49,7 @@ once per dataset version, not per transfer).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -542,13 +543,21 @@ def bench_dataset(
     return rows
 
 
+_retired = itertools.count()
+
+
 def clear(*paths: Path) -> None:
-    """Remove ``paths`` and write the removal back (``syncfs``): deleting a tree of
-    100,000 files leaves seconds of write-back that would slow the next run."""
+    """Move ``paths`` aside (renamed beside themselves); the bench's temporary directory,
+    removed when every run is done, takes them. Not removed between runs: a removal
+    frees the tree's inodes, and ext4 without a journal (this lab's disk) scans past
+    inodes freed in the last minute (`recently_deleted`) on every file it creates, in
+    kernel time. Writing 100,000 small files took 6-18 s right after such a removal
+    and 3 s without one, so whichever tool ran after a removal paid for it. A rename
+    frees nothing. The runs' trees stay on disk until the end (a few GB at
+    ``--size-mb 100``)."""
     for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
-    if paths:
-        syncfs(paths[0].parent)
+        if path.exists():
+            path.rename(path.with_name(f"{path.name}.retired-{next(_retired)}"))
 
 
 def arrived_bytes(dest: Path) -> int:
@@ -685,10 +694,9 @@ def disk_write_s(info: KindInfo, scratch: Path) -> float:
     time: each under a temporary name with its mtime, renamed, and one ``syncfs`` at
     the end (netopt's durability; rsync and rclone rename without syncing). No network
     and no reading (the files are read before the clock starts): what the destination's
-    filesystem alone costs. ``scratch`` is removed after, and its removal written back,
-    so it does not slow what follows."""
+    filesystem alone costs. ``scratch`` is moved aside after (`clear`)."""
     contents = [(rel, (info.root / rel).read_bytes()) for rel in file_list(info)]
-    shutil.rmtree(scratch, ignore_errors=True)
+    clear(scratch)
     scratch.mkdir(parents=True)
     try:
         made: set[Path] = set()
