@@ -48,6 +48,13 @@ _MAX_MTIME_NS = 2**62
 """About the year 2116; far larger values overflow time_t in os.utime."""
 _BAD_PATH_CHAR = re.compile(r"[\x00-\x1f\x7f\\]")
 """NUL and other control characters, and the backslash: refused in a path."""
+_BAD_CHAR_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f\\]")
+"""`_BAD_PATH_CHAR` but the newline, which joins the paths `_paths_all_safe` checks."""
+_BAD_JOINED_COMPONENTS = tuple(
+    f"{before}{name}{after}" for before in "/\n" for after in "/\n" for name in ("", ".", "..")
+)
+"""An empty, ``.`` or ``..`` component, as it shows in paths joined and wrapped by
+newlines (``//``, ``\n/``: a leading slash, ``\n\n``: an empty path, ``/../``...)."""
 
 
 def validate_rel_path(path: object) -> str:
@@ -232,10 +239,63 @@ def _field_int(
     return _int(value, f"{path}: {what}", minimum, maximum)
 
 
-def _file_from_dict(raw: object) -> FileEntry:
+def _paths_all_safe(paths: list[Any]) -> bool:
+    """Whether every one of ``paths`` would pass `validate_rel_path` (False: some may
+    not, check each)."""
+    try:
+        joined = "\n".join(paths)
+    except TypeError:  # one is not a string
+        return False
+    if joined.count("\n") != len(paths) - 1:  # a path holds a newline; or there are none
+        return False
+    # No path longer than a component may be: neither path nor component is too long.
+    if max(map(len, paths)) > _MAX_COMPONENT_CHARS:
+        return False
+    if _BAD_CHAR_BUT_NEWLINE.search(joined) is not None:
+        return False
+    wrapped = f"\n{joined}\n"
+    reserved = f"\n{STATE_DIR_NAME}"
+    return (
+        not any(bad in wrapped for bad in _BAD_JOINED_COMPONENTS)
+        and f"{reserved}/" not in wrapped
+        and f"{reserved}\n" not in wrapped
+    )
+
+
+def _chunk_ids_all_safe(ids: list[Any]) -> bool:
+    """Whether every one of ``ids`` would pass `validate_chunk_id` (False: check each)."""
+    try:
+        joined = "".join(ids)
+    except TypeError:  # one is not a string
+        return False
+    if not ids or len(joined) != 64 * len(ids) or min(map(len, ids)) != 64:
+        return not ids
+    try:
+        # Hex digits and nothing else (fromhex skips whitespace: then it is short), in
+        # lower case.
+        return len(bytes.fromhex(joined)) * 2 == len(joined) and joined == joined.lower()
+    except ValueError:
+        return False
+
+
+def _names_all_safe(raw_files: list[Any]) -> bool:
+    """Whether every file's path and chunk names in ``raw_files`` are safe, checked
+    together; False when any may not be, or an entry is not shaped as expected (each is
+    then checked on its own)."""
+    try:
+        paths = [raw["path"] for raw in raw_files]
+        ids = [item[0] for raw in raw_files for item in raw["chunks"]]
+    except (TypeError, KeyError, IndexError):
+        return False
+    return _paths_all_safe(paths) and _chunk_ids_all_safe(ids)
+
+
+def _file_from_dict(raw: object, names_checked: bool = False) -> FileEntry:
+    """One file entry, validated; ``names_checked``: its path and chunk names are known
+    to be safe (`_names_all_safe`)."""
     if not isinstance(raw, Mapping):
         raise ProtocolError("manifest: a file entry is not an object")
-    path = validate_rel_path(raw.get("path"))
+    path = raw["path"] if names_checked else validate_rel_path(raw.get("path"))
     size = _field_int(raw.get("size_bytes"), path, "size_bytes")
     chunks: list[ChunkRef] = []
     offset = 0
@@ -245,7 +305,7 @@ def _file_from_dict(raw: object) -> FileEntry:
     for item in raw_chunks:
         if type(item) is not list or len(item) != 2:
             raise ProtocolError(f"manifest: {path}: a chunk is not [name, length]")
-        cid = validate_chunk_id(item[0])
+        cid = item[0] if names_checked else validate_chunk_id(item[0])
         length = _field_int(item[1], path, "chunk length", 1)
         chunks.append(ChunkRef(offset, length, cid))
         offset += length
@@ -275,7 +335,11 @@ def manifest_from_dict(data: object) -> Manifest:
     raw_files = data.get("files")
     if not isinstance(raw_files, list):
         raise ProtocolError("manifest: files is not a list")
-    files = tuple(_file_from_dict(raw) for raw in raw_files)
+    # Every path and chunk name checked in one pass over them all: a 100k-file tree's
+    # manifest took 0.28 s, not 0.35-0.40 with 200k checks one at a time. Where that
+    # pass finds anything, each is checked on its own, which raises the error naming it.
+    checked = _names_all_safe(raw_files)
+    files = tuple(_file_from_dict(raw, checked) for raw in raw_files)
     seen: set[str] = set()
     for entry in files:
         if entry.path in seen:

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from netopt.errors import PathTraversalError, ProtocolError, ValidationError
 from netopt.transfer.manifest import (
@@ -72,6 +74,131 @@ def test_manifest_from_dict_refuses_traversal() -> None:
         manifest_from_dict({"name": "d", "files": [_entry("/abs")]})
     with pytest.raises(PathTraversalError):
         manifest_from_dict({"name": "d", "files": [_entry("ok", [["../x", 3]])]})
+
+
+UNSAFE_PATHS = [
+    "",
+    "..",
+    "../etc/passwd",
+    "a/../../b",
+    "a/./b",
+    "a/.",
+    "a/..",
+    ".",
+    "/etc/passwd",
+    "a//b",
+    "a/",
+    "a\x00b",
+    "a\x7fb",
+    "a\rb",
+    "a\\..\\b",
+    "a\nb",
+    "a\n",
+    "\n",
+    f"{STATE_DIR_NAME}/chunks/x",
+    STATE_DIR_NAME,
+    "x" * 300,
+    "d/" + "x" * 256,
+    "/".join(["d" * 200] * 25),
+]
+BAD_IDS = ["", "../" + "a" * 61, "A" * 64, "a" * 63, "a" * 65, GOOD_ID + "/", " " + "a" * 63,
+           "a" * 62 + " a", "a" * 62 + "\n\n", "g" * 64, 7, None]  # fmt: skip
+
+
+_UNSET = object()
+
+
+def _tree(bad_at: int, path: object = _UNSET, chunk_id: object = _UNSET) -> dict[str, object]:
+    """A 2,000-file manifest whose file ``bad_at`` has ``path`` or ``chunk_id``."""
+    files: list[object] = [_entry(f"d{i // 100}/f{i}") for i in range(2000)]
+    if path is not _UNSET:
+        files[bad_at] = _entry(path)  # type: ignore[arg-type]
+    if chunk_id is not _UNSET:
+        files[bad_at] = _entry(f"d/f{bad_at}", [[chunk_id, 3]])
+    return {"name": "d", "files": files}
+
+
+@pytest.mark.parametrize("bad", UNSAFE_PATHS)
+@pytest.mark.parametrize("bad_at", [0, 1234, 1999])
+def test_one_unsafe_path_among_many_is_refused_by_name(bad: str, bad_at: int) -> None:
+    """The paths are checked together first (a tree's many checks one at a time were
+    slow); one bad path anywhere among them still fails the manifest, naming it."""
+    with pytest.raises(PathTraversalError) as caught:
+        manifest_from_dict(_tree(bad_at, path=bad))
+    assert repr(bad)[:30].strip("'\"") in str(caught.value) or len(bad) > 255
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+@pytest.mark.parametrize("bad_at", [0, 1234, 1999])
+def test_one_bad_chunk_name_among_many_is_refused_by_name(bad: object, bad_at: int) -> None:
+    with pytest.raises(PathTraversalError, match="is not 64 lowercase hex digits") as caught:
+        manifest_from_dict(_tree(bad_at, chunk_id=bad))
+    assert repr(bad)[:20] in str(caught.value)
+
+
+def test_entries_not_shaped_as_files_are_refused_among_many() -> None:
+    for odd in (
+        "f",
+        ["f"],
+        {"path": "f"},
+        {"path": "f", "chunks": "x"},
+        {"path": "f", "chunks": [7]},
+    ):
+        tree = _tree(0)
+        tree["files"][1500] = odd  # type: ignore[index]
+        with pytest.raises(ProtocolError):
+            manifest_from_dict(tree)
+
+
+_PATH_CHARS = st.sampled_from(
+    ["a", "b", ".", "/", "\\", "\n", "\x00", "\x1f", "\x7f", "\u00e9", " "]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text(_PATH_CHARS, max_size=8), max_size=6))
+def test_the_paths_checked_together_pass_only_where_each_passes(paths: list[str]) -> None:
+    """`manifest_from_dict` refuses the same paths whether they are checked together
+    or each on its own."""
+    names = [f"{i}/{p}" if i % 2 else p for i, p in enumerate(paths)]  # some nested
+
+    def each_passes() -> bool:
+        try:
+            for name in names:
+                validate_rel_path(name)
+        except PathTraversalError:
+            return False
+        return True
+
+    tree = {"name": "d", "files": [_entry(p) for p in names]}
+    try:
+        manifest_from_dict(tree)
+        passed = True
+    except PathTraversalError:
+        passed = False
+    except ValidationError:  # a path listed twice, or both a file and a directory
+        passed = True
+    assert passed == each_passes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("0123456789abcdefABCDEF \n", min_size=62, max_size=66), max_size=5))
+def test_the_chunk_names_checked_together_pass_only_where_each_passes(ids: list[str]) -> None:
+    def each_passes() -> bool:
+        try:
+            for cid in ids:
+                validate_chunk_id(cid)
+        except PathTraversalError:
+            return False
+        return True
+
+    tree = {"name": "d", "files": [_entry(f"f{i}", [[cid, 3]]) for i, cid in enumerate(ids)]}
+    try:
+        manifest_from_dict(tree)
+        passed = True
+    except PathTraversalError:
+        passed = False
+    assert passed == each_passes()
 
 
 def test_manifest_from_dict_checks_structure() -> None:
