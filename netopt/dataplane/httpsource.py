@@ -22,7 +22,7 @@ import re
 import socket
 import time
 import types
-from collections.abc import AsyncIterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -686,10 +686,12 @@ class HttpChunkSource:
         params: dict[str, str] | None = None,
         headers_out: MutableMapping[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        on_read: Callable[[int], None] | None = None,
     ) -> tuple[bytearray, str]:
         """GET ``path`` (with ``headers`` added to the request's); the body as it came
         (never decompressed by aiohttp) and its X-Netopt-Codec header (``headers_out``,
-        when given, receives all the response's headers). Errors become netopt's;
+        when given, receives all the response's headers). ``on_read`` is told each piece
+        of the body read (also of one cut before its end). Errors become netopt's;
         BodyTooLarge when the body declares or holds more than ``max_bytes``, found
         before the excess is read."""
         session = self._require_session()
@@ -715,6 +717,8 @@ class HttpChunkSource:
                         await self._bucket.take(len(piece))
                     body += piece
                     self.wire_bytes += len(piece)
+                    if on_read is not None:
+                        on_read(len(piece))
                 return body, resp.headers.get("X-Netopt-Codec", "identity")
         except (aiohttp.ClientError, TimeoutError) as exc:
             if _closed_unanswered(exc, first=not self._answered):
@@ -853,12 +857,19 @@ class HttpChunkSource:
         path = f"/v1/datasets/{self.url.name}/chunks/{chunk_id}"
         level = str(self.zstd_level or 0)
         trace.mark("first_request")
+        read_bytes = 0  # by every copy of every part: a copy cut late read some too
+
+        def read(n_bytes: int) -> None:
+            nonlocal read_bytes
+            read_bytes += n_bytes
 
         async def one(part: int) -> tuple[RawChunk, str | None]:
             start, end = part_bounds(length_bytes, part, parts)
             params = {"level": level, "part": str(part), "parts": str(parts)}
             headers: dict[str, str] = {}
-            body, codec = await self._get(path, max_frame_bytes(end - start), params, headers)
+            body, codec = await self._get(
+                path, max_frame_bytes(end - start), params, headers, on_read=read
+            )
             trace.mark("first_byte")
             if codec not in ("zstd", "identity"):
                 raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
@@ -880,7 +891,11 @@ class HttpChunkSource:
             *(asyncio.to_thread(decoded, part, raw) for part, (raw, _) in enumerate(results))
         )
         data = b"".join(pieces)
-        return RawChunk(data, "identity", sum(raw.wire_bytes for raw, _ in results))
+        # The chunk's wire bytes: what every copy read, the copies cut included.
+        hedged_bytes = read_bytes - sum(raw.wire_bytes for raw, _ in results)
+        if hedged_bytes:
+            trace.count("chunk_part_hedge_bytes", hedged_bytes)
+        return RawChunk(data, "identity", read_bytes)
 
 
 def stream_versions_at_end(named: Sequence[str | None]) -> str | None:

@@ -51,6 +51,7 @@ class Seen:
     ended_s: float
     query: dict[str, str] | None = None
     status: int = 0
+    body_bytes: int = 0
 
 
 def _route(path: str) -> str:
@@ -71,6 +72,7 @@ async def _serve(
     late_health: asyncio.Event | None = None,
     info_chunk_parts: int | None = None,
     held_part: tuple[str, asyncio.Event] | None = None,
+    held_after_bytes: int = 0,
 ) -> tuple[web.AppRunner, int]:
     """The data plane on loopback, noting each request's route. ``whole_stream_bodies``:
     a stream request is answered only once its body (the names) has ended.
@@ -79,7 +81,9 @@ async def _serve(
     ``info_chunk_parts``: the info says the server cuts a chunk into that many parts at
     most (as an older server's does). ``held_part`` (part, event): the first request for
     that part of a chunk is answered only once the event is set (30 s at most), as one
-    whose packet was lost waits for the sender's loss recovery."""
+    whose packet was lost waits for the sender's loss recovery; with ``held_after_bytes``,
+    that answer sends that many bytes of its body first. Each answer with a body notes
+    its length (``Seen.body_bytes``)."""
 
     corrupted: list[str] = []
     health_seen = 0
@@ -89,7 +93,7 @@ async def _serve(
     async def record(request: web.Request, handler: web.Handler) -> web.StreamResponse:
         nonlocal health_seen, held
         started_s = time.monotonic()
-        status = 0
+        status = body_bytes = 0
         try:
             if late_health is not None and _route(request.path) == "health":
                 health_seen += 1
@@ -97,6 +101,10 @@ async def _serve(
                     await asyncio.wait_for(late_health.wait(), 10)
             if held_part is not None and request.query.get("part") == held_part[0] and not held:
                 held = True
+                if held_after_bytes:
+                    return await _sent_in_two(
+                        await handler(request), request, held_after_bytes, held_part[1]
+                    )
                 await asyncio.wait_for(held_part[1].wait(), 30)
             if whole_stream_bodies and _route(request.path) == "stream":
                 await request.content.wait_eof()  # unread: the handler reads the names
@@ -118,10 +126,13 @@ async def _serve(
                 corrupted.append(request.path)
                 resp.body = bytes([resp.body[0] ^ 0xFF]) + resp.body[1:]  # same length
             status = resp.status
+            if isinstance(resp, web.Response) and isinstance(resp.body, bytes):
+                body_bytes = len(resp.body)
             return resp
         finally:
             query = dict(request.query)
-            seen.append(Seen(_route(request.path), started_s, time.monotonic(), query, status))
+            ended_s = time.monotonic()
+            seen.append(Seen(_route(request.path), started_s, ended_s, query, status, body_bytes))
 
     app = web.Application(
         middlewares=[
@@ -133,6 +144,26 @@ async def _serve(
     dataset = load_dataset(root, "ds", chunk_bytes)
     add_dataplane(app, ServeSettings(token=TOKEN, worker_threads=2), {"ds": dataset}, CPU)
     return await start_server(app, "127.0.0.1", 0)
+
+
+async def _sent_in_two(
+    resp: web.StreamResponse, request: web.Request, first_bytes: int, release: asyncio.Event
+) -> web.StreamResponse:
+    """``resp``'s answer, its first ``first_bytes`` bytes sent at once, the rest once
+    ``release`` is set (30 s at most), as a lost packet holds back the rest of a body."""
+    assert isinstance(resp, web.Response)
+    assert isinstance(resp.body, bytes)
+    body = resp.body
+    out = web.StreamResponse(status=resp.status, headers=resp.headers)
+    out.content_length = len(body)
+    await out.prepare(request)
+    await out.write(body[:first_bytes])
+    try:
+        await asyncio.wait_for(release.wait(), 30)
+        await out.write(body[first_bytes:])
+    except ConnectionError:
+        pass  # the client cut this copy: another one came first
+    return out
 
 
 async def _sync(port: int, dest: Path, cache: Path) -> dict[str, object]:
@@ -336,6 +367,38 @@ async def test_a_part_held_back_is_asked_again_and_the_sync_does_not_wait_for_it
     assert set(copies) == {str(part) for part in range(32)}, copies
     held = min((s for s in asked if s.query and s.query["part"] == "1"), key=lambda s: s.started_s)
     assert held.ended_s > synced_s  # the sync ended while the first request was held
+
+
+async def test_what_a_copy_cut_late_had_read_counts_in_the_wire_bytes(tmp_path: Path) -> None:
+    # As above, but the held copy of part 1 sends the first half of its body before it
+    # is held: those bytes crossed the link, and the sync's wire bytes say so (they
+    # counted only the copies that came first).
+    _one_file(tmp_path / "src")
+    seen: list[Seen] = []
+    release = asyncio.Event()
+    runner, port = await _serve(
+        tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, held_part=("1", release),
+        held_after_bytes=2048,
+    )  # fmt: skip
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=30)
+    try:
+        async with asyncio.timeout(20):
+            summary, _ = await sync_url(
+                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
+                client_cpu=CPU, sync_options=FAST, zstd_level=3,
+            )  # fmt: skip
+    finally:
+        release.set()
+        await runner.cleanup()
+    answers = [s for s in seen if s.route == "chunks" and s.query is not None and s.body_bytes]
+    part_bytes = {s.query["part"]: s.body_bytes for s in answers if s.query is not None}
+    assert len(part_bytes) == 32
+    assert part_bytes["1"] > 2048  # the held copy had more to send than it did
+    assert summary.chunk_retries == 0
+    # The wire bytes are the info's and the manifest's (under 4 KB for this one file)
+    # and the parts': the copies that came first, and the 2,048 bytes the cut one read.
+    meta_bytes = summary.wire_bytes - sum(part_bytes.values()) - 2048
+    assert 0 <= meta_bytes < 4096, meta_bytes
 
 
 async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -> None:
