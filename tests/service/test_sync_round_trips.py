@@ -30,6 +30,7 @@ from netopt.dataplane.prefetch import META_COPIES, WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.dataplane.streamwork import MIN_PART_BYTES
 from netopt.dataplane.synctypes import SyncSummary
+from netopt.transfer.planner import TransferPlan
 from netopt.webshell import service_shell
 from tests.service.dataplane_helpers import (
     CHUNK_BYTES,
@@ -164,6 +165,19 @@ async def _sent_in_two(
     except ConnectionError:
         pass  # the client cut this copy: another one came first
     return out
+
+
+async def _sync_level3(
+    port: int, dest: Path, read_timeout_s: float, within_s: float = 20
+) -> tuple[SyncSummary, TransferPlan]:
+    """`sync_url` of the served dataset into ``dest`` at zstd level 3, the plan choosing
+    the streams (as the CLI does), within ``within_s``."""
+    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=read_timeout_s)
+    async with asyncio.timeout(within_s):
+        return await sync_url(
+            f"netopt://127.0.0.1:{port}/ds", dest, client,
+            client_cpu=CPU, sync_options=FAST, zstd_level=3,
+        )  # fmt: skip
 
 
 async def _sync(port: int, dest: Path, cache: Path) -> dict[str, object]:
@@ -345,13 +359,8 @@ async def test_a_part_held_back_is_asked_again_and_the_sync_does_not_wait_for_it
     runner, port = await _serve(
         tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, held_part=("1", release)
     )
-    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=30)
     try:
-        async with asyncio.timeout(20):
-            summary, _ = await sync_url(
-                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
-                client_cpu=CPU, sync_options=FAST, zstd_level=3,
-            )  # fmt: skip
+        summary, _ = await _sync_level3(port, tmp_path / "dest", 30)
         synced_s = time.monotonic()
         assert not release.is_set()
     finally:
@@ -380,13 +389,8 @@ async def test_what_a_copy_cut_late_had_read_counts_in_the_wire_bytes(tmp_path: 
         tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, held_part=("1", release),
         held_after_bytes=2048,
     )  # fmt: skip
-    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=30)
     try:
-        async with asyncio.timeout(20):
-            summary, _ = await sync_url(
-                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
-                client_cpu=CPU, sync_options=FAST, zstd_level=3,
-            )  # fmt: skip
+        summary, _ = await _sync_level3(port, tmp_path / "dest", 30)
     finally:
         release.set()
         await runner.cleanup()
@@ -506,13 +510,8 @@ async def test_without_a_stream_count_a_small_sync_cuts_parts_for_every_warm_con
     runner, port = await _serve(
         tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, info_chunk_parts=offered
     )
-    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=2)
     try:
-        async with asyncio.timeout(20):
-            summary, plan = await sync_url(
-                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
-                client_cpu=CPU, sync_options=FAST, zstd_level=3,
-            )  # fmt: skip
+        summary, plan = await _sync_level3(port, tmp_path / "dest", 2)
     finally:
         await runner.cleanup()
     check_tree(tmp_path / "dest", files)
@@ -546,13 +545,8 @@ async def test_a_late_warm_up_connection_holds_nothing_up(
     runner, port = await _serve(
         tmp_path / "src", seen, chunk_bytes=4 * 1024 * 1024, late_health=late
     )
-    client = ClientOptions(token=TOKEN, connect_timeout_s=2, read_timeout_s=20)
     try:
-        async with asyncio.timeout(30):
-            summary, _ = await sync_url(
-                f"netopt://127.0.0.1:{port}/ds", tmp_path / "dest", client,
-                client_cpu=CPU, sync_options=FAST, zstd_level=3,
-            )  # fmt: skip
+        summary, _ = await _sync_level3(port, tmp_path / "dest", 20, within_s=30)
         done_s = time.monotonic()
         late.set()
     finally:
