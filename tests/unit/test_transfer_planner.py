@@ -10,6 +10,8 @@ import pytest
 
 from netopt.errors import NetoptError
 from netopt.transfer.planner import (
+    BBR_MIN_STREAMS,
+    RAMP_MAX_STREAMS,
     CpuProfile,
     LinkProfile,
     PlanInputError,
@@ -77,6 +79,27 @@ def test_bbr_needs_few_streams_despite_loss() -> None:
     cubic_plan = plan_transfer(10**9, SampleProfile({}), cubic, CPU)
     assert bbr_plan.streams <= 8
     assert cubic_plan.streams > bbr_plan.streams
+
+
+def test_bbr_streams_follow_the_ramp_a_long_fat_link_needs() -> None:
+    """Over BBR the streams' first flights must fill the link within a couple of start-up
+    round trips: a LAN or a short link keeps the few streams BBR needs; a long fat one
+    (the lab's 80 Mbit/s, 140 ms: 1.4 MB in flight) takes up to `RAMP_MAX_STREAMS`, more
+    than which were slower there."""
+
+    def streams(rate_bps: float, rtt_ms: float) -> int:
+        link = LinkProfile(rate_bps=rate_bps, rtt_ms=rtt_ms, loss_ratio=0.01)
+        return plan_transfer(10**9, SampleProfile({}), link, CPU).streams
+
+    assert streams(1e9, 0.2) == streams(1e9, 1) == streams(100e6, 20) == BBR_MIN_STREAMS
+    assert streams(80e6, 140) == streams(100e6, 80) == streams(1e9, 40) == RAMP_MAX_STREAMS
+    assert streams(10e9, 100) > RAMP_MAX_STREAMS  # a flow's largest window caps it: more
+    by_rtt = [streams(50e6, rtt) for rtt in (10, 40, 60, 80, 100, 120, 140, 200)]
+    assert by_rtt == sorted(by_rtt)
+    assert BBR_MIN_STREAMS < by_rtt[-2] < RAMP_MAX_STREAMS  # 50 Mbit/s, 140 ms: between
+    assert max(by_rtt) == RAMP_MAX_STREAMS
+    with_cap = LinkProfile(rate_bps=80e6, rtt_ms=140, loss_ratio=0.01)
+    assert plan_transfer(10**9, SampleProfile({}), with_cap, CPU, max_streams=2).streams == 2
 
 
 def test_mathis_ceiling() -> None:
