@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -155,21 +156,22 @@ _PATH_CHARS = st.sampled_from(
 )
 
 
+def _each_passes(validate: Callable[[object], str], values: list[str]) -> bool:
+    """Whether every one of ``values`` passes ``validate`` on its own."""
+    try:
+        for value in values:
+            validate(value)
+    except PathTraversalError:
+        return False
+    return True
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.text(_PATH_CHARS, max_size=8), max_size=6))
 def test_the_paths_checked_together_pass_only_where_each_passes(paths: list[str]) -> None:
     """`manifest_from_dict` refuses the same paths whether they are checked together
     or each on its own."""
     names = [f"{i}/{p}" if i % 2 else p for i, p in enumerate(paths)]  # some nested
-
-    def each_passes() -> bool:
-        try:
-            for name in names:
-                validate_rel_path(name)
-        except PathTraversalError:
-            return False
-        return True
-
     tree = {"name": "d", "files": [_entry(p) for p in names]}
     try:
         manifest_from_dict(tree)
@@ -178,27 +180,19 @@ def test_the_paths_checked_together_pass_only_where_each_passes(paths: list[str]
         passed = False
     except ValidationError:  # a path listed twice, or both a file and a directory
         passed = True
-    assert passed == each_passes()
+    assert passed == _each_passes(validate_rel_path, names)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.text("0123456789abcdefABCDEF \n", min_size=62, max_size=66), max_size=5))
 def test_the_chunk_names_checked_together_pass_only_where_each_passes(ids: list[str]) -> None:
-    def each_passes() -> bool:
-        try:
-            for cid in ids:
-                validate_chunk_id(cid)
-        except PathTraversalError:
-            return False
-        return True
-
     tree = {"name": "d", "files": [_entry(f"f{i}", [[cid, 3]]) for i, cid in enumerate(ids)]}
     try:
         manifest_from_dict(tree)
         passed = True
     except PathTraversalError:
         passed = False
-    assert passed == each_passes()
+    assert passed == _each_passes(validate_chunk_id, ids)
 
 
 def test_manifest_from_dict_checks_structure() -> None:
