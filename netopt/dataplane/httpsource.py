@@ -841,7 +841,13 @@ class HttpChunkSource:
             raise ProtocolError(f"{self.url}: unknown chunk codec {codec!r}")
         return RawChunk(bytes(body), cast(Codec, codec), len(body))
 
-    async def fetch_chunk_parts(self, chunk_id: str, length_bytes: int, parts: int) -> RawChunk:
+    async def fetch_chunk_parts(
+        self,
+        chunk_id: str,
+        length_bytes: int,
+        parts: int,
+        on_read: Callable[[int], None] | None = None,
+    ) -> RawChunk:
         """``chunk_id`` fetched as ``parts`` slices in parallel (one request each over the
         pool's connections, the warm ones first), decoded and joined: unverified, as
         `fetch_chunk`'s. For a sync of fewer chunks than streams: each connection's slow
@@ -849,8 +855,9 @@ class HttpChunkSource:
         late against the others (a lost packet) is asked again (`gather_hedged`).
 
         Each part's response names the version current after its read (`VERSION_HEADER`),
-        counted as a stream's end frame is (see `version_at_end`). IntegrityError for a
-        part that does not decode to its length; what `fetch_chunk` raises.
+        counted as a stream's end frame is (see `version_at_end`). ``on_read`` is told each
+        piece of a body read, also of copies cut or failed. IntegrityError for a part that
+        does not decode to its length; what `fetch_chunk` raises.
         """
         if not 1 < parts <= min(self.chunk_parts, MAX_CHUNK_PARTS):
             raise ValueError(f"{parts} parts: the server cuts a chunk into 2..{self.chunk_parts}")
@@ -862,6 +869,8 @@ class HttpChunkSource:
         def read(n_bytes: int) -> None:
             nonlocal read_bytes
             read_bytes += n_bytes
+            if on_read is not None:
+                on_read(n_bytes)
 
         async def one(part: int) -> tuple[RawChunk, str | None]:
             start, end = part_bounds(length_bytes, part, parts)

@@ -6,14 +6,18 @@ worker names chunks ahead on the request body, enough to keep about
 arrives, so the connection never idles between batches. Once the queue is empty a
 stream names nothing more and ends its request body at once: the server's end frame
 (the version check) then follows the last frame instead of waiting a round trip for the
-client's end. At the tail a worker whose stream ended opens a fresh one to take over
-("steal") a chunk another stream has queued but not started receiving, whichever copy
-arrives first is used, and a stream whose remaining chunks all arrived elsewhere is
-cut, also in the middle of a frame: on the lab's 100 MB JSON-lines sync the stealing
-stream's copy (a fresh request, its window small again) still took 0.28 s to arrive
-after the original had been stored, and the sync waited for it. A stream that breaks
-or stalls is replaced by a fresh one (see `stream_worker`). Without a stream route on
-the server the worker falls back to `SyncRun.worker` (batches).
+client's end. What is left is shared between the streams by the rate each one's
+frames arrive at (`_share_bytes`), so a slow stream stops taking chunks first. At the
+tail a worker whose stream ended fetches again, in parts over idle connections, the
+chunk another stream is expected to deliver last (`netopt.dataplane.tailhedge`); from
+a server without the part route it opens a fresh stream to take over ("steal") a chunk
+another stream has queued but not started receiving. Whichever copy arrives first is
+used, and a stream whose remaining chunks all arrived elsewhere is cut, also in the
+middle of a frame: on the lab's 100 MB JSON-lines sync a stealing stream's copy (a
+fresh request, its window small again) still took 0.28 s to arrive after the original
+had been stored, and the sync waited for it. A stream that breaks or stalls is
+replaced by a fresh one (see `stream_worker`). Without a stream route on the server
+the worker falls back to `SyncRun.worker` (batches).
 """
 
 from __future__ import annotations
@@ -21,71 +25,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
 from netopt.dataplane import trace
+from netopt.dataplane.asked import Asked
 from netopt.dataplane.chunkio import RawChunk
 from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.syncrun import BACKOFF_POLL_S, SyncRun, bounded_inflight
+from netopt.dataplane.tailhedge import (
+    can_hedge,
+    hedge_after_s,
+    hedge_candidate,
+    hedge_chunk,
+    hedge_pending,
+    racing,
+)
 from netopt.errors import IntegrityError, NetworkError, ValidationError
 
 # Logs under the sync engine's name, as it did before this module was split from it.
 log = logging.getLogger(__name__)
 
-__all__ = ["MIN_PART_BYTES", "Asked", "part_worker", "parts_per_chunk", "stream_worker"]
+__all__ = ["MIN_PART_BYTES", "part_worker", "parts_per_chunk", "stream_worker"]
+
+IDLE_POLL_S = min(0.05, BACKOFF_POLL_S)
+"""How often a helper idle at the tail looks for a chunk to take over."""
+TAIL_POLL_S = 0.01
+"""As often, where it may also fetch a chunk again in parts (`netopt.dataplane.tailhedge`):
+the stream it would help may end at any time, and the sync waits for the helper's poll."""
 
 MIN_PART_BYTES = 32 * 1024
 """A chunk is cut into parts of at least this many bytes (see `parts_per_chunk`): a 1 MiB
 chunk into 32, one per warm connection (`prefetch.WARM_CONNECTIONS`)."""
-
-
-class Asked(deque[str]):
-    """One stream's chunks asked for and not yet arrived, and the pace its frames arrive at."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frames = 0
-        """Frames that arrived on this stream."""
-        self.asked_bytes = 0
-        """Logical bytes of the chunks asked for and not yet arrived (kept as they change:
-        summing them per frame costs O(chunks ahead), thousands for a tree of small files)."""
-        self.last_frame_s = time.monotonic()
-        self.frame_interval_s = 0.0
-        """Smoothed seconds between frames (0 until two have arrived)."""
-        self.end_names: Callable[[], None] | None = None
-        """Its stream's `ChunkStream.end` (set by the worker that opened it)."""
-        self.ended = False
-        """Whether its stream named its end: nothing more is asked on it."""
-
-    def ask(self, chunk_id: str, length_bytes: int) -> None:
-        """Note ``chunk_id`` (of ``length_bytes``) as asked for, last."""
-        self.append(chunk_id)
-        self.asked_bytes += length_bytes
-
-    def arrived(self, length_bytes: int) -> None:
-        """The oldest chunk asked for (of ``length_bytes``) arrived: drop it, time it."""
-        self.popleft()
-        self.asked_bytes -= length_bytes
-        now_s = time.monotonic()
-        gap_s = now_s - self.last_frame_s
-        self.frame_interval_s = (
-            gap_s if not self.frame_interval_s else 0.7 * self.frame_interval_s + 0.3 * gap_s
-        )
-        self.last_frame_s = now_s
-        self.frames += 1
-
-    def wait_s(self, position: int) -> float:
-        """Estimated seconds until the chunk at ``position`` arrives (0: the one arriving).
-
-        A frame is taken to need the smoothed interval, or as long as the current one has
-        already been pending when that is longer (a stalled stream counts as slow).
-        """
-        now_s = time.monotonic()
-        per_frame_s = max(self.frame_interval_s, now_s - self.last_frame_s)
-        current_left_s = max(0.0, self.last_frame_s + per_frame_s - now_s)
-        return current_left_s + position * per_frame_s
 
 
 def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
@@ -107,7 +78,7 @@ def _top_up(run: SyncRun, stream: ChunkStream, asked: Asked) -> bool:
         return True
     ratio = run.fetched_logical_bytes / run.wire_bytes if run.wire_bytes else 1.0
     ahead_bytes = run.options.stream_ahead_bytes * max(1.0, ratio)
-    share_bytes = _share_bytes(run)
+    share_bytes = _share_bytes(run, asked)
     while run.queue and (len(asked) < 2 or asked.asked_bytes < ahead_bytes):
         if asked and asked.asked_bytes + run.lengths[run.queue[0]] > share_bytes:
             break
@@ -142,16 +113,32 @@ def _end_all(run: SyncRun) -> None:
             other.end_names()
 
 
-def _share_bytes(run: SyncRun) -> float:
-    """Logical bytes one stream may have asked for: what is queued or asked anywhere,
-    split over the sync's streams. A small sync's chunks then go out over all of its
-    connections at once, each with its own initial congestion window (a fresh
-    connection carries ~14 KB in its first round trip and doubles from there), instead
-    of queueing on the first one; a large sync's shares are far above
-    `SyncOptions.stream_ahead_bytes` until its tail."""
+def _share_bytes(run: SyncRun, mine: Asked) -> float:
+    """Logical bytes the stream of ``mine`` may have asked for: what is queued or asked
+    anywhere, split over the sync's streams in proportion to the rates their frames
+    arrive at (evenly while they are unknown). A small sync's chunks then go out over
+    all of its connections at once, each with its own initial congestion window (a
+    fresh connection carries ~14 KB in its first round trip and doubles from there),
+    instead of queueing on the first one; a large sync's shares are far above
+    `SyncOptions.stream_ahead_bytes` until its tail, where a slow stream stops taking
+    chunks first: the streams of one sync over a lossy long link ran at 4.5 to 18
+    Mbit/s each, and with even shares the slowest ended 1-2 s after the others."""
     streams = max(1, min(run.options.streams, run.chunks_total))
     outstanding_bytes = run.queued_bytes + sum(other.asked_bytes for other in run.asking)
-    return outstanding_bytes / streams
+    return outstanding_bytes * _rate_share(run, mine, streams)
+
+
+def _rate_share(run: SyncRun, mine: Asked, streams: int) -> float:
+    """The part of the sync's rate that the stream of ``mine`` carries: its rate over
+    the sum of the live streams' (a stream without one counts at their mean), the
+    streams not open yet counted at the mean too; 1 / ``streams`` while no rate is
+    known."""
+    rates = [other.rate_bytes_per_s for other in run.asking if other.rate_bytes_per_s > 0]
+    if not rates or not mine.rate_bytes_per_s:
+        return 1 / streams
+    mean = sum(rates) / len(rates)
+    total = sum(rates) + mean * max(0, streams - len(rates))
+    return mine.rate_bytes_per_s / total
 
 
 def _lagging(run: SyncRun, mine: Asked | None) -> bool:
@@ -213,12 +200,15 @@ async def _run_stream(
                 break
             chunk_id = asked[0]
             raw: RawChunk | None
-            if chunk_id in run.stolen:
+            if chunk_id in run.stolen or racing(run, run.lengths[chunk_id]):
                 # Here already (a bundle's chunk read with the first): taken, not cut off.
                 raw = buffered(chunk_id, run.lengths[chunk_id]) if buffered is not None else None
                 if raw is None:
-                    if may_be_cut is not None:
+                    if chunk_id in run.stolen and may_be_cut is not None:
                         may_be_cut()
+                    # Read so that it can be cut: another stream may steal it, or a
+                    # helper fetch it again in parts (`netopt.dataplane.tailhedge`).
+                    run.stolen.setdefault(chunk_id, asyncio.Event())
                     raw = await _unless_arrived_elsewhere(run, stream, chunk_id)
                 if raw is None:
                     trace.count("streams_cut_in_tail")
@@ -305,21 +295,34 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     a fresh connection: while the server or the link is down, that probes it about
     every `SyncOptions.backoff_max_s`, and the source's link watch about every 0.25 s;
     once the watch sees the server answer, the wait ends. A stream that ended with the
-    queue empty leaves its worker at the tail, where it opens a fresh stream to take over
-    a chunk that another stream lags on (`_steal`). Falls back to batches when the server
-    has no stream route.
+    queue empty leaves its worker at the tail, where it fetches again in parts a chunk
+    that another stream lags on (`netopt.dataplane.tailhedge`), or, where the source
+    cannot cut chunks, opens a fresh stream to take one over (`_steal`). Falls back to
+    batches when the server has no stream route.
     """
     failures = 0
     helping = False
-    while run.open_stream is not None and (run.queue or (helping and _lagging(run, None))):
+    hedging = can_hedge(run)
+    while run.open_stream is not None and (
+        run.queue or (helping and (hedge_pending(run) if hedging else _lagging(run, None)))
+    ):
+        if not run.queue and hedging:
+            # Idle at the tail: fetch in parts what a stream lags on, while one may.
+            target = hedge_candidate(run, time.monotonic(), hedge_after_s(run))
+            if target is not None:
+                await hedge_chunk(run, *target, on_stored)
+            else:
+                await asyncio.sleep(TAIL_POLL_S)
+            continue
         if not run.queue and _steal(run, None) is None:
             # Idle at the tail: stay while another stream may still need help.
-            await asyncio.sleep(min(run.options.steal_after_s / 5, BACKOFF_POLL_S))
+            await asyncio.sleep(IDLE_POLL_S)
             continue
         returns_at_open = run.link_returns()
         stream = run.open_stream()
         asked = Asked()
         asked.end_names = stream.end
+        asked.cut_hook = getattr(stream, "may_be_cut", None)
         run.asking.append(asked)
         failure: NetworkError | ContextError | None = None
         helping = False

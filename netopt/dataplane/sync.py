@@ -45,6 +45,7 @@ from netopt.dataplane.assemble import (
     written_whole,
 )
 from netopt.dataplane.chunkio import ChunkSink, ChunkSource
+from netopt.dataplane.fetchorder import fetch_order, tail_window_bytes
 from netopt.dataplane.held import HeldSink
 from netopt.dataplane.streamwork import part_worker, parts_per_chunk, stream_worker
 from netopt.dataplane.syncrun import SyncRun
@@ -260,9 +261,8 @@ async def _fetch_and_write(
                 else:
                     missing[ref.chunk_id] = None
         run.chunks_total = len(missing)
-        order = list(missing)
-        start = int(len(order) * min(max(opts.start_fraction, 0.0), 1.0)) % max(1, len(order))
-        run.queue.extend(order[start:] + order[:start])
+        tail_bytes = tail_window_bytes(opts.streams, opts.stream_ahead_bytes)
+        run.queue.extend(fetch_order(list(missing), run.lengths, opts.start_fraction, tail_bytes))
         run.queued_bytes = sum(run.lengths[cid] for cid in missing)
         available = set(reused)
         open_files = OpenFiles()

@@ -42,7 +42,7 @@ from netopt.errors import (
 from netopt.transfer.manifest import FileEntry, Manifest
 
 if TYPE_CHECKING:
-    from netopt.dataplane.streamwork import Asked
+    from netopt.dataplane.asked import Asked
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,8 @@ class SyncRun:
         """Chunks a second stream asked for at the tail (`netopt.dataplane.streamwork`): each
         event is set when a copy arrives, so the stream still receiving the other copy
         stops at once instead of finishing a frame nobody needs."""
+        self.hedged: set[str] = set()
+        """Chunks fetched again in parts at the tail (`netopt.dataplane.tailhedge`): once each."""
         self.duplicate_wire_bytes = 0
         opener = getattr(source, "open_stream", None)
         self.open_stream: Callable[[], ChunkStream] | None = opener if callable(opener) else None

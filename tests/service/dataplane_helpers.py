@@ -195,3 +195,52 @@ class Proxy:
                 up_writer.transport.abort()
 
         await asyncio.gather(pipe(reader, up_writer, None), pipe(up_reader, writer, limit))
+
+
+class ShapingProxy:
+    """A TCP proxy to ``target_port`` on loopback whose subclass may hold each piece before
+    it passes on (`hold`): a link's pace, one slow connection."""
+
+    READ_BYTES = 16 * 1024
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def hold(self, piece: bytes, conn: object, to_client: bool) -> None:
+        """Called with each piece read on connection ``conn`` (one object per client
+        connection) before it is passed on; ``to_client``: it comes from the server."""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        conn = object()
+
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, to_client: bool
+        ) -> None:
+            try:
+                while piece := await src.read(self.READ_BYTES):
+                    await self.hold(piece, conn, to_client)
+                    dst.write(piece)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        for coro in (pipe(reader, up_writer, False), pipe(up_reader, writer, True)):
+            task = asyncio.ensure_future(coro)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import aiohttp
-from dataplane_helpers import CHUNK_BYTES
+from dataplane_helpers import CHUNK_BYTES, ShapingProxy
 
 from netopt.cache.sources import SourceOptions
 from netopt.cache.syncer import SyncRequest, run_sync
@@ -51,51 +51,22 @@ def _jsonl(path: Path, size_bytes: int) -> bytes:
     return data
 
 
-class ThrottlingProxy:
+class ThrottlingProxy(ShapingProxy):
     """Forwards to ``target_port``; what comes back is paced to ``rate_bps``."""
 
     def __init__(self, target_port: int, rate_bps: float) -> None:
-        self.target_port = target_port
+        super().__init__(target_port)
         self.rate_bytes_per_s = rate_bps / 8
         self.started_s: float | None = None
         self.sent_bytes = 0
-        self.server: asyncio.Server | None = None
-        self.tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, paced: bool) -> None:
-            try:
-                while piece := await src.read(16 * 1024):
-                    if paced:  # one shared bucket: the link, for all connections
-                        if self.started_s is None:
-                            self.started_s = time.monotonic()
-                        self.sent_bytes += len(piece)
-                        due_s = self.started_s + self.sent_bytes / self.rate_bytes_per_s
-                        await asyncio.sleep(max(0.0, due_s - time.monotonic()))
-                    dst.write(piece)
-                    await dst.drain()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
-            finally:
-                dst.close()
-
-        for task in (pipe(reader, up_writer, False), pipe(up_reader, writer, True)):
-            t = asyncio.ensure_future(task)
-            self.tasks.add(t)
-            t.add_done_callback(self.tasks.discard)
+    async def hold(self, piece: bytes, conn: object, to_client: bool) -> None:
+        if to_client:  # one shared bucket: the link, for all connections
+            if self.started_s is None:
+                self.started_s = time.monotonic()
+            self.sent_bytes += len(piece)
+            due_s = self.started_s + self.sent_bytes / self.rate_bytes_per_s
+            await asyncio.sleep(max(0.0, due_s - time.monotonic()))
 
 
 async def test_the_level_rises_when_the_link_holds_the_sync_back(tmp_path: Path) -> None:

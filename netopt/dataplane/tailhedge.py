@@ -1,0 +1,201 @@
+"""The tail's hedge: a chunk arriving slowly on one stream, fetched again in parts.
+
+At the end of a sync the streams do not end together. Streams of one sync over a lossy
+long link run at different rates: on the lab's 80 Mbit/s, 140 ms, 1% loss link the
+8 streams of a 100 MB sync carried 4.5 to 18 Mbit/s each. A chunk a slow stream has
+started receiving when the queue empties cannot be taken over whole (the tail's steal,
+`netopt.dataplane.streamwork`, moves only chunks not started), and a 1.2 MiB chunk at
+5 Mbit/s arrived 1.9 s later, 1.1-1.4 s after the other streams had ended.
+
+So a helper left idle at the tail fetches such a chunk again, cut into parts (the
+server's part route), over the pool's idle connections, as a small sync does
+(`HttpChunkSource.fetch_chunk_parts`): whichever copy is in first is used and the
+other is cut. A chunk is hedged once, only when the stream's own copy is expected
+later than `hedge_after_s` from now, and only while the stream reads it so that it can
+be cut (`racing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from netopt.dataplane import trace
+from netopt.dataplane.chunkio import RawChunk
+from netopt.errors import NetoptError
+
+if TYPE_CHECKING:
+    from netopt.dataplane.asked import Asked
+    from netopt.dataplane.syncrun import SyncRun
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "HEDGE_AFTER_RTTS",
+    "MAX_HEDGE_PARTS",
+    "can_hedge",
+    "hedge_after_s",
+    "hedge_candidate",
+    "hedge_chunk",
+    "hedge_pending",
+    "racing",
+]
+
+HEDGE_AFTER_RTTS = 3.0
+"""A stream's copy is hedged only when expected later than this many round trips from
+now (and `SyncOptions.steal_after_s`): parts over idle connections take one round trip
+to ask and one or two for their slow start."""
+
+MAX_HEDGE_PARTS = 32
+"""At most this many parts per hedged chunk: one per warm connection of the set-up
+(`netopt.dataplane.prefetch.WARM_CONNECTIONS`), as a small sync's chunk; a second hedge
+at once opens more (the source may hold 64). Three interleaved runs each on the lab
+link: 32 parts took the random file 12.39 s on average, 8 parts 12.58 s."""
+
+MIN_HEDGE_PART_BYTES = 32 * 1024
+"""A hedged chunk is cut into parts of at least this many bytes."""
+
+
+def racing(run: SyncRun, length_bytes: int) -> bool:
+    """Whether a frame of ``length_bytes`` is read so that it can be cut: where the
+    source cuts chunks into parts and this one is worth cutting. Any such chunk may end
+    up the tail's last: a 2.8 MiB chunk started 6 s before the end, on a stream that had
+    slowed to 3 Mbit/s, was the last in by 1.4 s."""
+    return can_hedge(run) and hedge_parts(run, length_bytes) >= 2
+
+
+def can_hedge(run: SyncRun) -> bool:
+    """Whether the source cuts chunks into parts (the server's part route)."""
+    offered = getattr(run.source, "chunk_parts", 0)
+    return callable(getattr(run.source, "fetch_chunk_parts", None)) and (
+        isinstance(offered, int) and offered > 1
+    )
+
+
+def hedge_parts(run: SyncRun, length_bytes: int) -> int:
+    """Into how many parts a hedged chunk of ``length_bytes`` is cut (1: not worth it)."""
+    offered = getattr(run.source, "chunk_parts", 0)
+    if not isinstance(offered, int):
+        return 1
+    return max(1, min(offered, MAX_HEDGE_PARTS, length_bytes // MIN_HEDGE_PART_BYTES))
+
+
+def hedge_after_s(run: SyncRun) -> float:
+    """How late a stream's copy must be expected before it is hedged (s)."""
+    measured = getattr(run.source, "round_trip", None)
+    found = measured() if callable(measured) else None
+    rtt_s = found[0] if isinstance(found, tuple) else 0.0
+    return max(run.options.steal_after_s, HEDGE_AFTER_RTTS * rtt_s)
+
+
+def _hedgeable(run: SyncRun, chunk_id: str, position: int, asked_anywhere: dict[str, int]) -> bool:
+    """Whether ``chunk_id``, at ``position`` on its stream, may be fetched again in parts:
+    not in yet, not hedged, asked on that stream alone, worth cutting in parts, and,
+    for the chunk the stream is receiving (position 0), read so that it can be cut (in
+    `SyncRun.stolen`)."""
+    return (
+        chunk_id not in run.claimed
+        and chunk_id not in run.hedged
+        and asked_anywhere[chunk_id] == 1
+        and (position > 0 or chunk_id in run.stolen)
+        and hedge_parts(run, run.lengths[chunk_id]) >= 2
+    )
+
+
+def hedge_candidate(run: SyncRun, now_s: float, after_s: float) -> tuple[str, Asked] | None:
+    """Of each stream, the last chunk it was asked for that may be hedged (`_hedgeable`),
+    and when it is expected there at the stream's pace (before the stream has one: each
+    frame up to it as long as the one arriving has taken so far); the one expected
+    latest, when later than ``after_s`` from ``now_s``, and its stream. None if there is
+    none."""
+    asked_anywhere: dict[str, int] = {}
+    for other in run.asking:
+        for cid in other:
+            asked_anywhere[cid] = asked_anywhere.get(cid, 0) + 1
+    best: tuple[float, str, Asked] | None = None
+    for other in run.asking:
+        if not other:
+            continue
+        chunks = list(other)
+        for position in range(len(chunks) - 1, -1, -1):
+            if _hedgeable(run, chunks[position], position, asked_anywhere):
+                break
+        else:
+            continue
+        rate = other.rate_bytes_per_s
+        if rate:
+            head_bytes = run.lengths[chunks[0]]
+            behind_bytes = sum(run.lengths[cid] for cid in chunks[1 : position + 1])
+            left_s = other.head_left_s(head_bytes, now_s) + behind_bytes / rate
+        else:
+            # No pace yet: the frame arriving has taken this long so far, and each one
+            # up to the chunk is taken to need as long again.
+            left_s = (now_s - other.last_frame_s) * (position + 1)
+        if left_s >= after_s and (best is None or left_s > best[0]):
+            best = (left_s, chunks[position], other)
+    return (best[1], best[2]) if best is not None else None
+
+
+def hedge_pending(run: SyncRun) -> bool:
+    """True while a stream has a chunk that may yet be hedged (`_hedgeable`)."""
+    asked_anywhere: dict[str, int] = {}
+    for other in run.asking:
+        for cid in other:
+            asked_anywhere[cid] = asked_anywhere.get(cid, 0) + 1
+    return any(
+        _hedgeable(run, cid, position, asked_anywhere)
+        for other in run.asking
+        for position, cid in enumerate(other)
+    )
+
+
+async def hedge_chunk(
+    run: SyncRun, chunk_id: str, stream: Asked, on_stored: Callable[[str], None]
+) -> None:
+    """Fetch ``chunk_id`` (which ``stream`` is receiving) again in parts; if this copy is
+    in first, claim it (the stream's copy is cut) and store it, else cut this one. A
+    failed hedge leaves the chunk to its stream. Every byte it read counts in the
+    sync's wire bytes; those of a copy not used, as duplicates."""
+    length = run.lengths[chunk_id]
+    parts = hedge_parts(run, length)
+    run.hedged.add(chunk_id)
+    trace.count("tail_hedges")
+    if stream.cut_hook is not None:
+        stream.cut_hook()  # the stream may be cut: its version is asked for now
+    arrived = run.stolen.setdefault(chunk_id, asyncio.Event())
+    read_bytes = 0
+
+    def read(n_bytes: int) -> None:
+        nonlocal read_bytes
+        read_bytes += n_bytes
+
+    fetch = run.source.fetch_chunk_parts  # type: ignore[attr-defined]
+    fetching: asyncio.Future[RawChunk] = asyncio.ensure_future(
+        fetch(chunk_id, length, parts, on_read=read)
+    )
+    waiting = asyncio.ensure_future(arrived.wait())
+    try:
+        await asyncio.wait((fetching, waiting), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        if not fetching.done():
+            fetching.cancel()
+            await asyncio.gather(fetching, return_exceptions=True)
+    raw: RawChunk | None = None
+    if fetching.done() and not fetching.cancelled():
+        try:
+            raw = fetching.result()
+        except NetoptError as exc:  # a bad or failed copy: the stream's is still coming
+            log.debug("tail hedge of chunk %s failed: %s", chunk_id[:16], exc)
+            trace.count("tail_hedge_failures")
+    run.wire_bytes += read_bytes
+    if raw is None or chunk_id in run.claimed:
+        run.duplicate_wire_bytes += read_bytes
+        trace.count("duplicate_wire_bytes", read_bytes)
+        return
+    trace.count("tail_hedges_won")
+    run.claimed.add(chunk_id)
+    arrived.set()  # the stream stops receiving its copy
+    await run.process(chunk_id, raw, on_stored)
