@@ -48,11 +48,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MIN_PART_BYTES", "part_worker", "parts_per_chunk", "stream_worker"]
 
-IDLE_POLL_S = min(0.05, BACKOFF_POLL_S)
-"""How often a helper idle at the tail looks for a chunk to take over."""
 TAIL_POLL_S = 0.01
-"""As often, where it may also fetch a chunk again in parts (`netopt.dataplane.tailhedge`):
-the stream it would help may end at any time, and the sync waits for the helper's poll."""
+"""How often a stream's worker idle at the tail looks for a chunk to fetch again in parts
+(`netopt.dataplane.tailhedge`): the stream it would help may end at any time, and the
+sync waits for the worker's poll."""
 
 MIN_PART_BYTES = 32 * 1024
 """A chunk is cut into parts of at least this many bytes (see `parts_per_chunk`): a 1 MiB
@@ -245,8 +244,10 @@ async def _unless_arrived_elsewhere(
 ) -> RawChunk | None:
     """The frame of ``chunk_id`` (asked for on two streams) from ``stream``, or None as
     soon as the other stream's copy arrived first: the read is then cancelled in the
-    middle of its frame, and the stream can only be dropped. Only the tail's few stolen
-    chunks come here (a task each); every other frame is awaited directly."""
+    middle of its frame, and the stream can only be dropped. The tail's stolen chunks
+    come here, and, from a source that cuts chunks into parts, every chunk worth cutting
+    (`netopt.dataplane.tailhedge.racing`: a task each, for chunks of 64 KiB or more);
+    every other frame is awaited directly."""
     arrived = run.stolen[chunk_id]
     if arrived.is_set():
         return None
@@ -316,7 +317,7 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             continue
         if not run.queue and _steal(run, None) is None:
             # Idle at the tail: stay while another stream may still need help.
-            await asyncio.sleep(IDLE_POLL_S)
+            await asyncio.sleep(min(run.options.steal_after_s / 5, BACKOFF_POLL_S))
             continue
         returns_at_open = run.link_returns()
         stream = run.open_stream()

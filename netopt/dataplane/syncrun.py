@@ -221,9 +221,11 @@ class SyncRun:
         self.asking: list[Asked] = []
         """Each live stream's chunks asked for and not yet arrived, oldest first."""
         self.stolen: dict[str, asyncio.Event] = {}
-        """Chunks a second stream asked for at the tail (`netopt.dataplane.streamwork`): each
-        event is set when a copy arrives, so the stream still receiving the other copy
-        stops at once instead of finishing a frame nobody needs."""
+        """Chunks whose frame is read so that it can be cut: asked for on a second stream
+        at the tail (`netopt.dataplane.streamwork`), or worth fetching again in parts
+        (`netopt.dataplane.tailhedge`). Each event is set when a copy arrives, so the
+        stream still receiving another copy stops at once instead of finishing a frame
+        nobody needs."""
         self.hedged: set[str] = set()
         """Chunks fetched again in parts at the tail (`netopt.dataplane.tailhedge`): once each."""
         self.duplicate_wire_bytes = 0

@@ -61,8 +61,8 @@ MIN_HEDGE_PART_BYTES = 32 * 1024
 def racing(run: SyncRun, length_bytes: int) -> bool:
     """Whether a frame of ``length_bytes`` is read so that it can be cut: where the
     source cuts chunks into parts and this one is worth cutting. Any such chunk may end
-    up the tail's last: a 2.8 MiB chunk started 6 s before the end, on a stream that had
-    slowed to 3 Mbit/s, was the last in by 1.4 s."""
+    up the tail's last, also one asked well before the queue emptied: on the lab, a
+    2.9 MB chunk on a stream that had slowed arrived 1.4 s after every other chunk."""
     return can_hedge(run) and hedge_parts(run, length_bytes) >= 2
 
 
@@ -105,11 +105,16 @@ def _hedgeable(run: SyncRun, chunk_id: str, position: int, asked_anywhere: dict[
 
 
 def hedge_candidate(run: SyncRun, now_s: float, after_s: float) -> tuple[str, Asked] | None:
-    """Of each stream, the last chunk it was asked for that may be hedged (`_hedgeable`),
-    and when it is expected there at the stream's pace (before the stream has one: each
-    frame up to it as long as the one arriving has taken so far); the one expected
-    latest, when later than ``after_s`` from ``now_s``, and its stream. None if there is
-    none."""
+    """Of each stream, the last chunk it was asked for that is neither in nor hedged,
+    where it may be hedged (`_hedgeable`), and when it is expected there at the stream's
+    pace (before the stream has one: each frame up to it as long as the one arriving has
+    taken so far); the one expected latest, when later than ``after_s`` from ``now_s``,
+    and its stream. None if there is none.
+
+    Only the last such chunk: a hedge that comes first cuts the stream, and what the
+    stream still had to deliver behind it would go back to the queue, to be asked again
+    on a fresh request (on the lab's tree of installed packages, small files behind a
+    large chunk: the sync's tail grew from 0.5 to 2.5 s)."""
     asked_anywhere: dict[str, int] = {}
     for other in run.asking:
         for cid in other:
@@ -119,10 +124,10 @@ def hedge_candidate(run: SyncRun, now_s: float, after_s: float) -> tuple[str, As
         if not other:
             continue
         chunks = list(other)
-        for position in range(len(chunks) - 1, -1, -1):
-            if _hedgeable(run, chunks[position], position, asked_anywhere):
-                break
-        else:
+        position = len(chunks) - 1
+        while position >= 0 and (chunks[position] in run.claimed or chunks[position] in run.hedged):
+            position -= 1  # covered: in already, or fetched again already
+        if position < 0 or not _hedgeable(run, chunks[position], position, asked_anywhere):
             continue
         rate = other.rate_bytes_per_s
         if rate:

@@ -206,6 +206,10 @@ def test_the_hedge_takes_the_chunk_expected_last_and_skips_what_it_must() -> Non
     assert hedge_candidate(run, 10.0, 0.5) == ("c1", a)  # the next of a's, due at 12.0
     run.claimed.add("c1")
     b.append("c0")  # c0 asked on two streams already (a steal): not hedged too
+    # Nor c4 on b: c0 behind it is still to come, and a hedge of c4 that came first would
+    # cut b before it (a's chunks are all in, hedged, or c0).
+    assert hedge_candidate(run, 10.0, 0.5) is None
+    run.claimed.add("c0")
     assert hedge_candidate(run, 10.0, 0.5) == ("c4", b)
     # A chunk being received is hedged only if read so that it can be cut.
     c = _asked([(9.0, CHUNK), (10.0, CHUNK)], ["c5"], lengths)
@@ -213,8 +217,13 @@ def test_the_hedge_takes_the_chunk_expected_last_and_skips_what_it_must() -> Non
     assert hedge_candidate(only, 11.8, 0.5) is None
     only.stolen["c5"] = asyncio.Event()
     assert hedge_candidate(only, 11.8, 0.5) == ("c5", c)  # due at 11.0: 0.8 s late
+    # A small chunk last on a stream is not worth a hedge, and holds off one of the
+    # large chunk before it until it is in.
     tiny = _asked([(9.0, CHUNK), (10.0, CHUNK)], ["c6", "c7", "tiny"], lengths)
-    assert hedge_candidate(_run([tiny], lengths), 10.0, 0.5) == ("c7", tiny)
+    tiny_run = _run([tiny], lengths)
+    assert hedge_candidate(tiny_run, 10.0, 0.5) is None
+    tiny_run.claimed.add("tiny")
+    assert hedge_candidate(tiny_run, 10.0, 0.5) == ("c7", tiny)
 
 
 def test_a_stream_with_no_pace_yet_is_hedged_once_its_first_frame_is_late() -> None:
