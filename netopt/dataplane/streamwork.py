@@ -34,6 +34,7 @@ from netopt.dataplane.streamctx import ContextError
 from netopt.dataplane.streaming import ChunkStream
 from netopt.dataplane.syncrun import BACKOFF_POLL_S, SyncRun, bounded_inflight
 from netopt.dataplane.tailhedge import (
+    TAIL_POLL_S,
     can_hedge,
     hedge_after_s,
     hedge_candidate,
@@ -48,10 +49,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MIN_PART_BYTES", "part_worker", "parts_per_chunk", "stream_worker"]
 
-TAIL_POLL_S = 0.01
-"""How often a stream's worker idle at the tail looks for a chunk to fetch again in parts
-(`netopt.dataplane.tailhedge`): the stream it would help may end at any time, and the
-sync waits for the worker's poll."""
 
 MIN_PART_BYTES = 32 * 1024
 """A chunk is cut into parts of at least this many bytes (see `parts_per_chunk`): a 1 MiB

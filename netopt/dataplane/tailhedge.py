@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "HEDGE_AFTER_RTTS",
     "MAX_HEDGE_PARTS",
+    "TAIL_POLL_S",
     "can_hedge",
     "hedge_after_s",
     "hedge_candidate",
@@ -56,6 +57,10 @@ link: 32 parts took the random file 12.39 s on average, 8 parts 12.58 s."""
 
 MIN_HEDGE_PART_BYTES = 32 * 1024
 """A hedged chunk is cut into parts of at least this many bytes."""
+
+TAIL_POLL_S = 0.01
+"""How often a stream's worker idle at the tail looks for a chunk to fetch again in parts:
+the stream it would help may end at any time, and the sync waits for the worker's poll."""
 
 
 def racing(run: SyncRun, length_bytes: int) -> bool:
@@ -90,70 +95,62 @@ def hedge_after_s(run: SyncRun) -> float:
     return max(run.options.steal_after_s, HEDGE_AFTER_RTTS * rtt_s)
 
 
-def _hedgeable(run: SyncRun, chunk_id: str, position: int, asked_anywhere: dict[str, int]) -> bool:
-    """Whether ``chunk_id``, at ``position`` on its stream, may be fetched again in parts:
-    not in yet, not hedged, asked on that stream alone, worth cutting in parts, and,
-    for the chunk the stream is receiving (position 0), read so that it can be cut (in
-    `SyncRun.stolen`)."""
-    return (
-        chunk_id not in run.claimed
-        and chunk_id not in run.hedged
-        and asked_anywhere[chunk_id] == 1
-        and (position > 0 or chunk_id in run.stolen)
-        and hedge_parts(run, run.lengths[chunk_id]) >= 2
-    )
+def _last_to_hedge(run: SyncRun, stream: Asked) -> tuple[int, str] | None:
+    """The position and name of ``stream``'s last chunk that is neither in nor hedged
+    already, when it may be fetched again in parts: worth cutting in parts (checked
+    first: a tree's streams hold thousands of small chunks, and idle workers look
+    every `TAIL_POLL_S`), for the chunk the stream is receiving (position 0) read so
+    that it can be cut (in `SyncRun.stolen`), and asked on no other stream. None if
+    that chunk may not be, or there is none."""
+    position = len(stream) - 1
+    while position >= 0 and (stream[position] in run.claimed or stream[position] in run.hedged):
+        position -= 1  # covered: in already, or fetched again already
+    if position < 0:
+        return None
+    chunk_id = stream[position]
+    if hedge_parts(run, run.lengths[chunk_id]) < 2:
+        return None
+    if position == 0 and chunk_id not in run.stolen:
+        return None
+    if any(other is not stream and chunk_id in other for other in run.asking):
+        return None  # stolen already: a copy is on its way on another stream
+    return position, chunk_id
 
 
 def hedge_candidate(run: SyncRun, now_s: float, after_s: float) -> tuple[str, Asked] | None:
     """Of each stream, the last chunk it was asked for that is neither in nor hedged,
-    where it may be hedged (`_hedgeable`), and when it is expected there at the stream's
-    pace (before the stream has one: each frame up to it as long as the one arriving has
-    taken so far); the one expected latest, when later than ``after_s`` from ``now_s``,
-    and its stream. None if there is none.
+    where it may be hedged (`_last_to_hedge`), and when it is expected there at the
+    stream's pace (before the stream has one: each frame up to it as long as the one
+    arriving has taken so far); the one expected latest, when later than ``after_s``
+    from ``now_s``, and its stream. None if there is none.
 
     Only the last such chunk: a hedge that comes first cuts the stream, and what the
     stream still had to deliver behind it would go back to the queue, to be asked again
     on a fresh request (on the lab's tree of installed packages, small files behind a
     large chunk: the sync's tail grew from 0.5 to 2.5 s)."""
-    asked_anywhere: dict[str, int] = {}
-    for other in run.asking:
-        for cid in other:
-            asked_anywhere[cid] = asked_anywhere.get(cid, 0) + 1
     best: tuple[float, str, Asked] | None = None
     for other in run.asking:
-        if not other:
+        found = _last_to_hedge(run, other)
+        if found is None:
             continue
-        chunks = list(other)
-        position = len(chunks) - 1
-        while position >= 0 and (chunks[position] in run.claimed or chunks[position] in run.hedged):
-            position -= 1  # covered: in already, or fetched again already
-        if position < 0 or not _hedgeable(run, chunks[position], position, asked_anywhere):
-            continue
+        position, chunk_id = found
         rate = other.rate_bytes_per_s
         if rate:
-            head_bytes = run.lengths[chunks[0]]
-            behind_bytes = sum(run.lengths[cid] for cid in chunks[1 : position + 1])
+            head_bytes = run.lengths[other[0]]
+            behind_bytes = sum(run.lengths[other[i]] for i in range(1, position + 1))
             left_s = other.head_left_s(head_bytes, now_s) + behind_bytes / rate
         else:
             # No pace yet: the frame arriving has taken this long so far, and each one
             # up to the chunk is taken to need as long again.
             left_s = (now_s - other.last_frame_s) * (position + 1)
         if left_s >= after_s and (best is None or left_s > best[0]):
-            best = (left_s, chunks[position], other)
+            best = (left_s, chunk_id, other)
     return (best[1], best[2]) if best is not None else None
 
 
 def hedge_pending(run: SyncRun) -> bool:
-    """True while a stream has a chunk that may yet be hedged (`_hedgeable`)."""
-    asked_anywhere: dict[str, int] = {}
-    for other in run.asking:
-        for cid in other:
-            asked_anywhere[cid] = asked_anywhere.get(cid, 0) + 1
-    return any(
-        _hedgeable(run, cid, position, asked_anywhere)
-        for other in run.asking
-        for position, cid in enumerate(other)
-    )
+    """True while a stream's last chunk still to come may be hedged (`_last_to_hedge`)."""
+    return any(_last_to_hedge(run, other) is not None for other in run.asking)
 
 
 async def hedge_chunk(
