@@ -34,6 +34,7 @@ from netopt.dataplane.limits import (
 from netopt.dataplane.manifestcache import ManifestEncodings
 from netopt.dataplane.manifestwire import RangeNotSatisfiable, accepts_zstd, byte_range
 from netopt.dataplane.origin import LiveDataset
+from netopt.dataplane.partcache import PartCache
 from netopt.dataplane.served import DatasetView, LoadingDatasets, ServedDataset
 from netopt.dataplane.streamctx import CONTEXT_MAX_CHUNK_BYTES, ContextEncoder, fits_bundle
 from netopt.dataplane.streaming import VERSION_HEADER, end_frame
@@ -55,6 +56,7 @@ __all__ = [
     "DATASETS",
     "EXECUTOR",
     "MANIFESTS",
+    "PART_CACHE",
     "SETTINGS",
     "STATS",
     "ServeSettings",
@@ -136,6 +138,7 @@ EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 MANIFESTS = web.AppKey("manifests", ManifestEncodings)
 """The served manifests, encoded once per version (`netopt.dataplane.manifestcache`)."""
 BATCHER = web.AppKey("batcher", ThreadBatcher)
+PART_CACHE = web.AppKey("part_cache", PartCache)
 """The executor's calls for a stream's chunks, batched (`netopt.dataplane.batchrun`)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -380,9 +383,10 @@ def _frames_in_context(
 
 
 def _read_and_encode_part(
-    ds: DatasetView, chunk_id: str, level: int, part: tuple[int, int]
+    ds: DatasetView, chunk_id: str, level: int, part: tuple[int, int], cache: PartCache
 ) -> tuple[bytes, Codec]:
-    data = ds.read_chunk(chunk_id)  # verified whole: every part comes from one good copy
+    # Verified whole, once for all its parts: every part comes from one good copy.
+    data = cache.get(chunk_id, functools.partial(ds.read_chunk, chunk_id))
     start, end = part_bounds(len(data), *part)
     return encode_chunk(data[start:end], level)
 
@@ -738,7 +742,7 @@ async def dataset_chunk(request: web.Request) -> web.Response:
     def read(ds: DatasetView, chunk_id: str) -> tuple[bytes, Codec]:
         if part is None:
             return _read_and_encode(ds, chunk_id, level)
-        return _read_and_encode_part(ds, chunk_id, level, part)
+        return _read_and_encode_part(ds, chunk_id, level, part, request.app[PART_CACHE])
 
     try:
         payload, codec = await loop.run_in_executor(request.app[EXECUTOR], read, ds, chunk_id)

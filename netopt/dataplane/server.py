@@ -55,6 +55,7 @@ from netopt.dataplane.handlers import (
     EXECUTOR,
     LOOKUP,
     MANIFESTS,
+    PART_CACHE,
     SETTINGS,
     STATS,
     ServeSettings,
@@ -69,6 +70,7 @@ from netopt.dataplane.handlers import (
     health,
 )
 from netopt.dataplane.manifestcache import DATASETS_KEPT, EncodedManifest, ManifestEncodings
+from netopt.dataplane.partcache import PartCache
 from netopt.dataplane.served import DatasetView, ServedDataset, load_dataset
 from netopt.dataplane.sockets import try_congestion_control
 from netopt.errors import ValidationError
@@ -118,6 +120,7 @@ def add_dataplane(
     app[CPU] = cpu_profile
     app[STATS] = stats or ServeStats()
     app[MANIFESTS] = ManifestEncodings()
+    app[PART_CACHE] = PartCache()
     app.cleanup_ctx.append(_executor_ctx)
     app.add_routes(
         [

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from netopt.chunking import chunk_bytes
 from netopt.dataplane.client import ClientOptions, sync_url
-from netopt.dataplane.handlers import auth_middleware
+from netopt.dataplane.handlers import PART_CACHE, auth_middleware
 from netopt.dataplane.limits import MAX_CHUNK_PARTS
 from netopt.dataplane.prefetch import META_COPIES, WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
@@ -405,16 +405,24 @@ async def test_what_a_copy_cut_late_had_read_counts_in_the_wire_bytes(tmp_path: 
     assert 0 <= meta_bytes < 4096, meta_bytes
 
 
+def _write_one_file(root: Path, data: bytes) -> None:
+    root.mkdir()
+    (root / "one.py").write_bytes(data)
+
+
+async def _serve_one_chunk(root: Path, size_bytes: int) -> tuple[bytes, web.AppRunner, str]:
+    """A server of one file of ``size_bytes`` of text (one chunk: at most 1 MiB); the file's
+    bytes, the runner and the dataset's URL."""
+    data = real_text(size_bytes)
+    await asyncio.to_thread(_write_one_file, root, data)
+    runner, port = await _serve(root, [], chunk_bytes=1024 * 1024)
+    return data, runner, f"http://127.0.0.1:{port}/v1/datasets/ds"
+
+
 async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -> None:
-    data = real_text(300 * 1024)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "one.py").write_bytes(data)
-    seen: list[Seen] = []
-    runner, port = await _serve(tmp_path / "src", seen, chunk_bytes=1024 * 1024)
-    base = f"http://127.0.0.1:{port}/v1/datasets/ds"
-    auth = {"Authorization": f"Bearer {TOKEN}"}
+    data, runner, base = await _serve_one_chunk(tmp_path / "src", 300 * 1024)
     try:
-        async with aiohttp.ClientSession(headers=auth) as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             async with http.get(f"{base}/manifest") as resp:
                 manifest = await resp.json()
             async with http.get(base) as resp:
@@ -439,6 +447,37 @@ async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -
                 async with http.get(url, params=params) as resp:
                     assert resp.status == 400, params
                     assert (await resp.json())["error"] == "ValidationError", params
+    finally:
+        await runner.cleanup()
+
+
+async def test_parts_asked_at_once_read_their_chunk_from_disk_once(tmp_path: Path) -> None:
+    data, runner, base = await _serve_one_chunk(tmp_path / "src", 900 * 1024)
+    parts = MAX_CHUNK_PARTS
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            async with http.get(f"{base}/manifest") as resp:
+                manifest = await resp.json()
+            (ref,) = manifest["files"][0]["chunks"]  # 900 KB: one chunk
+            url = f"{base}/chunks/{ref[0]}"
+
+            async def part(index: int) -> bytes:
+                params = {"part": str(index), "parts": str(parts)}
+                async with http.get(url, params=params) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["X-Netopt-Codec"] == "identity"
+                    return await resp.read()
+
+            pieces = await asyncio.gather(*(part(i) for i in range(parts)))
+            assert b"".join(pieces) == data
+            cache = runner.app[PART_CACHE]
+            assert cache.reads == 1, (cache.reads, cache.shared)
+            assert cache.shared == parts - 1
+            assert cache.kept_bytes == len(data)
+            # The whole chunk is still read and verified as before (not from the parts' copy).
+            async with http.get(url) as resp:
+                assert await resp.read() == data
+            assert cache.reads == 1
     finally:
         await runner.cleanup()
 
