@@ -6,7 +6,7 @@ the queue. Two rules:
 
 - Nodes of a region syncing one dataset at once start at different places
   (``start_fraction``, wrapping around), so they fetch different chunks first.
-- The last `TAIL_ROUNDS` rounds of the sync's streams (each keeps about
+- Over streams, the last `TAIL_ROUNDS` rounds of the sync's streams (each keeps about
   ``ahead_bytes`` asked for) are reordered largest first, so the chunks asked for last
   are the smallest ones: the longest-processing-time-first rule of scheduling. Content-
   defined chunks run from a quarter of their average size to several times it (2.8 MiB
@@ -36,8 +36,14 @@ of one stream of a long lossy link one takes under 60 ms, never what the streams
 for at the end, and a tree of small files is then still written directory by directory."""
 
 
-def tail_window_bytes(streams: int, ahead_bytes: int) -> int:
-    """Logical bytes at the end of the queue that are ordered largest first."""
+def tail_window_bytes(streams: int, ahead_bytes: int, *, streamed: bool = True) -> int:
+    """Logical bytes at the end of the queue that are ordered largest first: none unless
+    the sync fetches over streams (``streamed``). A region's shared sync fetches in
+    batches, and its nodes start at different places to stay on different chunks; a
+    largest-first tail would send them all after the same chunks of a dataset smaller
+    than the window."""
+    if not streamed:
+        return 0
     return TAIL_ROUNDS * max(1, streams) * max(0, ahead_bytes)
 
 

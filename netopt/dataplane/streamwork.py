@@ -41,6 +41,7 @@ from netopt.dataplane.tailhedge import (
     hedge_chunk,
     hedge_pending,
     racing,
+    unless_arrived,
 )
 from netopt.errors import IntegrityError, NetworkError, ValidationError
 
@@ -248,19 +249,8 @@ async def _unless_arrived_elsewhere(
     arrived = run.stolen[chunk_id]
     if arrived.is_set():
         return None
-    reading = asyncio.ensure_future(stream.next(chunk_id, run.lengths[chunk_id]))
-    waiting = asyncio.ensure_future(arrived.wait())
-    try:
-        await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiting.cancel()
-        if not reading.done():
-            reading.cancel()
-    if (
-        reading.done()
-        and not reading.cancelled()
-        and (reading.exception() is None or not arrived.is_set())
-    ):
+    reading = await unless_arrived(arrived, stream.next(chunk_id, run.lengths[chunk_id]))
+    if not reading.cancelled() and (reading.exception() is None or not arrived.is_set()):
         return reading.result()  # the frame, or the stream's failure
     return None  # the other copy won; a failure of this one no longer matters
 

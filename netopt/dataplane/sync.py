@@ -261,10 +261,9 @@ async def _fetch_and_write(
                 else:
                     missing[ref.chunk_id] = None
         run.chunks_total = len(missing)
-        # Largest first at the tail only over streams (a region's shared sync fetches
-        # batches, and its nodes' starting points must keep them on different chunks).
-        streamed = run.open_stream is not None
-        tail_bytes = tail_window_bytes(opts.streams, opts.stream_ahead_bytes) if streamed else 0
+        tail_bytes = tail_window_bytes(
+            opts.streams, opts.stream_ahead_bytes, streamed=run.open_stream is not None
+        )
         run.queue.extend(fetch_order(list(missing), run.lengths, opts.start_fraction, tail_bytes))
         run.queued_bytes = sum(run.lengths[cid] for cid in missing)
         available = set(reused)

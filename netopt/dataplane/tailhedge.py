@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from netopt.dataplane import trace
 from netopt.dataplane.chunkio import RawChunk
@@ -42,7 +42,10 @@ __all__ = [
     "hedge_chunk",
     "hedge_pending",
     "racing",
+    "unless_arrived",
 ]
+
+T = TypeVar("T")
 
 HEDGE_AFTER_RTTS = 3.0
 """A stream's copy is hedged only when expected later than this many round trips from
@@ -153,6 +156,24 @@ def hedge_pending(run: SyncRun) -> bool:
     return any(_last_to_hedge(run, other) is not None for other in run.asking)
 
 
+async def unless_arrived(arrived: asyncio.Event, work: Awaitable[T]) -> asyncio.Future[T]:
+    """Run ``work`` (a copy of a chunk being fetched) until it ends or ``arrived`` is set
+    (another copy came first), whichever is first; in the second case it is cancelled, in
+    the middle of its frame if need be, and its end awaited. The future of ``work``: done,
+    with its result or failure, or cancelled. The one rule of racing two copies: a stolen
+    chunk's read on its stream (`netopt.dataplane.streamwork`) and a hedge's parts."""
+    doing = asyncio.ensure_future(work)
+    waiting = asyncio.ensure_future(arrived.wait())
+    try:
+        await asyncio.wait((doing, waiting), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        if not doing.done():
+            doing.cancel()
+            await asyncio.gather(doing, return_exceptions=True)
+    return doing
+
+
 async def hedge_chunk(
     run: SyncRun, chunk_id: str, stream: Asked, on_stored: Callable[[str], None]
 ) -> None:
@@ -174,19 +195,11 @@ async def hedge_chunk(
         read_bytes += n_bytes
 
     fetch = run.source.fetch_chunk_parts  # type: ignore[attr-defined]
-    fetching: asyncio.Future[RawChunk] = asyncio.ensure_future(
-        fetch(chunk_id, length, parts, on_read=read)
+    fetching: asyncio.Future[RawChunk] = await unless_arrived(
+        arrived, fetch(chunk_id, length, parts, on_read=read)
     )
-    waiting = asyncio.ensure_future(arrived.wait())
-    try:
-        await asyncio.wait((fetching, waiting), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiting.cancel()
-        if not fetching.done():
-            fetching.cancel()
-            await asyncio.gather(fetching, return_exceptions=True)
     raw: RawChunk | None = None
-    if fetching.done() and not fetching.cancelled():
+    if not fetching.cancelled():
         try:
             raw = fetching.result()
         except NetoptError as exc:  # a bad or failed copy: the stream's is still coming

@@ -64,6 +64,16 @@ def test_the_window_grows_with_the_streams_and_what_each_keeps_asked() -> None:
     assert tail_window_bytes(4, -1) == 0
 
 
+def test_without_streams_the_tail_keeps_file_order() -> None:
+    # A region's shared sync (batches): each node keeps its own starting point to the end.
+    assert tail_window_bytes(8, MIB, streamed=False) == 0
+    names, lengths = _chunks([1 * MIB, 3 * MIB, 2 * MIB, 4 * MIB])
+    rotated = names[2:] + names[:2]
+    assert fetch_order(names, lengths, 0.5, tail_window_bytes(8, MIB, streamed=False)) == rotated
+    over_streams = fetch_order(names, lengths, 0.5, tail_window_bytes(8, MIB))
+    assert over_streams == [names[3], names[1], names[2], names[0]]  # largest first
+
+
 @given(
     st.lists(st.integers(min_value=1, max_value=8 * MIB), max_size=60),
     st.floats(min_value=-1.0, max_value=2.0, allow_nan=False),
