@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from itertools import islice
 
 __all__ = ["RATE_FRAMES", "RATE_MIN_SPAN_S", "Asked"]
 
@@ -32,8 +33,6 @@ class Asked(deque[str]):
         """Logical bytes of the chunks asked for and not yet arrived (kept as they change:
         summing them per frame costs O(chunks ahead), thousands for a tree of small files)."""
         self.last_frame_s = time.monotonic()
-        self.frame_interval_s = 0.0
-        """Smoothed seconds between frames (0 until two have arrived)."""
         self.recent: deque[tuple[float, int]] = deque(maxlen=RATE_FRAMES)
         """When its last frames arrived (monotonic s) and their logical bytes."""
         self.recent_bytes = 0
@@ -55,27 +54,12 @@ class Asked(deque[str]):
         self.popleft()
         self.asked_bytes -= length_bytes
         now_s = time.monotonic()
-        gap_s = now_s - self.last_frame_s
-        self.frame_interval_s = (
-            gap_s if not self.frame_interval_s else 0.7 * self.frame_interval_s + 0.3 * gap_s
-        )
         if len(self.recent) == RATE_FRAMES:
             self.recent_bytes -= self.recent[0][1]
         self.recent.append((now_s, length_bytes))
         self.recent_bytes += length_bytes
         self.last_frame_s = now_s
         self.frames += 1
-
-    def wait_s(self, position: int) -> float:
-        """Estimated seconds until the chunk at ``position`` arrives (0: the one arriving).
-
-        A frame is taken to need the smoothed interval, or as long as the current one has
-        already been pending when that is longer (a stalled stream counts as slow).
-        """
-        now_s = time.monotonic()
-        per_frame_s = max(self.frame_interval_s, now_s - self.last_frame_s)
-        current_left_s = max(0.0, self.last_frame_s + per_frame_s - now_s)
-        return current_left_s + position * per_frame_s
 
     @property
     def rate_bytes_per_s(self) -> float:
@@ -98,3 +82,16 @@ class Asked(deque[str]):
             return 0.0
         expected_s = self.last_frame_s + length_bytes / rate
         return abs(expected_s - now_s)
+
+    def expected_in_s(self, position: int, lengths_bytes: Mapping[str, int], now_s: float) -> float:
+        """Estimated seconds from ``now_s`` until the chunk at ``position`` (0: the one
+        arriving) is in. At the stream's pace: the one arriving as `head_left_s` says, and
+        each behind it, up to that one, by its bytes. Before the stream has a pace: each
+        frame up to it as long as the one arriving has taken so far. The one estimate of
+        a stream's lateness: the tail's take-over (`netopt.dataplane.streamwork`) and
+        hedge (`netopt.dataplane.tailhedge`) both ask it."""
+        rate = self.rate_bytes_per_s
+        if not rate:
+            return (now_s - self.last_frame_s) * (position + 1)
+        behind_bytes = sum(lengths_bytes[cid] for cid in islice(self, 1, position + 1))
+        return self.head_left_s(lengths_bytes[self[0]], now_s) + behind_bytes / rate

@@ -158,6 +158,7 @@ def _steal(run: SyncRun, mine: Asked | None) -> str | None:
         for cid in other:
             asked_anywhere[cid] = asked_anywhere.get(cid, 0) + 1
     best: tuple[int, str] | None = None
+    now_s = time.monotonic()
     for other in run.asking:
         if other is mine or len(other) < 2:
             continue
@@ -165,7 +166,7 @@ def _steal(run: SyncRun, mine: Asked | None) -> str | None:
         candidate = other[-1]
         if candidate in run.claimed or asked_anywhere[candidate] > 1:
             continue
-        if other.wait_s(len(other) - 1) < run.options.steal_after_s:
+        if other.expected_in_s(len(other) - 1, run.lengths, now_s) < run.options.steal_after_s:
             continue
         if best is None or load_bytes > best[0]:
             best = (load_bytes, candidate)

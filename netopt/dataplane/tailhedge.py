@@ -137,15 +137,7 @@ def hedge_candidate(run: SyncRun, now_s: float, after_s: float) -> tuple[str, As
         if found is None:
             continue
         position, chunk_id = found
-        rate = other.rate_bytes_per_s
-        if rate:
-            head_bytes = run.lengths[other[0]]
-            behind_bytes = sum(run.lengths[other[i]] for i in range(1, position + 1))
-            left_s = other.head_left_s(head_bytes, now_s) + behind_bytes / rate
-        else:
-            # No pace yet: the frame arriving has taken this long so far, and each one
-            # up to the chunk is taken to need as long again.
-            left_s = (now_s - other.last_frame_s) * (position + 1)
+        left_s = other.expected_in_s(position, run.lengths, now_s)
         if left_s >= after_s and (best is None or left_s > best[0]):
             best = (left_s, chunk_id, other)
     return (best[1], best[2]) if best is not None else None

@@ -152,6 +152,20 @@ def test_a_streams_pace_is_its_last_frames_bytes_over_their_span() -> None:
     assert asked.head_left_s(2000, 12.5) == 0.5
 
 
+def test_a_chunk_is_expected_after_the_bytes_ahead_of_it_at_the_streams_pace() -> None:
+    lengths = {"a": 2000, "b": 500, "c": 3000}
+    asked = _asked([(10.0, 400), (10.5, 1000), (11.0, 1000)], ["a", "b", "c"], lengths)
+    # 2,000 bytes/s: "a" due at 12.0, then "b" 0.25 s and "c" 1.5 s behind it.
+    assert asked.expected_in_s(0, lengths, 11.5) == 0.5
+    assert asked.expected_in_s(1, lengths, 11.5) == 0.75
+    assert asked.expected_in_s(2, lengths, 11.5) == 2.25
+    # Late: "a" counts as long again as it is late, and the rest behind it as before.
+    assert asked.expected_in_s(2, lengths, 13.0) == 1.0 + 1.75
+    # No pace yet: each frame up to it as long as the one arriving has taken so far.
+    fresh = _asked([(10.0, 400)], ["a", "b", "c"], lengths)
+    assert fresh.expected_in_s(2, lengths, 10.5) == 1.5
+
+
 def test_the_pace_window_forgets_old_frames() -> None:
     asked = Asked()
     for i in range(RATE_FRAMES + 5):
