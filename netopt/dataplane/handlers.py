@@ -138,8 +138,9 @@ EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 MANIFESTS = web.AppKey("manifests", ManifestEncodings)
 """The served manifests, encoded once per version (`netopt.dataplane.manifestcache`)."""
 BATCHER = web.AppKey("batcher", ThreadBatcher)
-PART_CACHE = web.AppKey("part_cache", PartCache)
 """The executor's calls for a stream's chunks, batched (`netopt.dataplane.batchrun`)."""
+PART_CACHE = web.AppKey("part_cache", PartCache)
+"""The chunks being answered in parts, each read once (`netopt.dataplane.partcache`)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
