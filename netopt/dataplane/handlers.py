@@ -392,6 +392,21 @@ def _read_and_encode_part(
     return encode_chunk(data[start:end], level)
 
 
+def _sweep_parts_later(loop: asyncio.AbstractEventLoop, cache: PartCache) -> None:
+    """Sweep ``cache`` `KEEP_S` from now, and again while it keeps anything: its unused
+    chunks go even when no part request comes after them (one timer at a time)."""
+    if cache.sweep_due:
+        return
+    cache.sweep_due = True
+
+    def sweep() -> None:
+        cache.sweep_due = False
+        if cache.sweep():
+            _sweep_parts_later(loop, cache)
+
+    loop.call_later(cache.keep_s, sweep)
+
+
 def _part(request: web.Request) -> tuple[int, int] | None:
     """``?part=I&parts=N`` (0 <= I < N <= `MAX_CHUNK_PARTS`), or None for the whole chunk.
     Raises a 400 (JSON) for anything else."""
@@ -766,6 +781,7 @@ async def dataset_chunk(request: web.Request) -> web.Response:
     stats.payload_bytes_sent += len(payload)
     headers: dict[str, str] = {"X-Netopt-Codec": codec}
     if part is not None:
+        _sweep_parts_later(loop, request.app[PART_CACHE])
         # As a stream's end frame: the version current after the read, so a client whose
         # chunks all came in parts needs no version-check request at the end.
         try:

@@ -14,8 +14,10 @@ so the bytes kept are that chunk's whichever dataset or version asked (the route
 answers only names its dataset lists). A failed read is not kept: the next request reads
 again. Bounded: `PART_CACHE_BYTES` in all, the least recently used dropped first, and
 nothing kept past `KEEP_S` unused (the parts of one chunk come within a round trip or
-two); a chunk larger than the bound is shared by the requests waiting for its read and
-not kept. Thread-safe: the reads run on the server's pool.
+two): each request drops what went unused, and the route sweeps (`sweep`) while anything
+is kept, so an idle server holds nothing. A chunk larger than the bound is shared by the
+requests waiting for its read and not kept. Thread-safe: the reads run on the server's
+pool.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class PartCache:
         self.shared = 0
         """Requests answered without a read of their own: from the bytes kept, or from a
         read another request had started."""
+        self.sweep_due = False
+        """Whether a `sweep` is scheduled (the route's, on its event loop)."""
 
     @property
     def kept_bytes(self) -> int:
@@ -97,6 +101,12 @@ class PartCache:
             self._keep(chunk_id, data, self._clock())
         mine.set_result(data)
         return data
+
+    def sweep(self) -> bool:
+        """Drop what went unused `KEEP_S`; True while anything is still kept."""
+        with self._lock:
+            self._drop_unused(self._clock())
+            return bool(self._kept)
 
     def _keep(self, chunk_id: str, data: bytes, now_s: float) -> None:
         if len(data) > self.max_bytes:

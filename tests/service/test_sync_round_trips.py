@@ -454,6 +454,8 @@ async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -
 async def test_parts_asked_at_once_read_their_chunk_from_disk_once(tmp_path: Path) -> None:
     data, runner, base = await _serve_one_chunk(tmp_path / "src", 900 * 1024)
     parts = MAX_CHUNK_PARTS
+    cache = runner.app[PART_CACHE]
+    cache.keep_s = 0.5  # then swept, with no request after
     try:
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             async with http.get(f"{base}/manifest") as resp:
@@ -470,7 +472,6 @@ async def test_parts_asked_at_once_read_their_chunk_from_disk_once(tmp_path: Pat
 
             pieces = await asyncio.gather(*(part(i) for i in range(parts)))
             assert b"".join(pieces) == data
-            cache = runner.app[PART_CACHE]
             assert cache.reads == 1, (cache.reads, cache.shared)
             assert cache.shared == parts - 1
             assert cache.kept_bytes == len(data)
@@ -478,6 +479,11 @@ async def test_parts_asked_at_once_read_their_chunk_from_disk_once(tmp_path: Pat
             async with http.get(url) as resp:
                 assert await resp.read() == data
             assert cache.reads == 1
+            # Unused, the chunk is dropped though no part request comes after it: swept
+            # 0.5 s after the first part (still fresh then), and again 0.5 s later.
+            await asyncio.sleep(3 * cache.keep_s + 0.2)
+            assert cache.kept_bytes == 0
+            assert not cache.sweep_due
     finally:
         await runner.cleanup()
 

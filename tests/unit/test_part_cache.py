@@ -108,3 +108,17 @@ def test_a_chunk_not_asked_for_a_while_is_dropped() -> None:
     assert cache.kept_bytes == 1
     cache.get("a", read)
     assert len(reads) == 2
+
+
+def test_a_sweep_drops_what_went_unused_and_says_whether_anything_is_left() -> None:
+    now = [0.0]
+    cache = PartCache(keep_s=10.0, clock=lambda: now[0])
+    cache.get("a", lambda: b"x" * 10)
+    now[0] = 5.0
+    cache.get("b", lambda: b"y" * 10)
+    now[0] = 11.0
+    assert cache.sweep() is True  # "a" dropped, "b" still fresh
+    assert cache.kept_bytes == 10
+    now[0] = 15.5
+    assert cache.sweep() is False
+    assert cache.kept_bytes == 0
