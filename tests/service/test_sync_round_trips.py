@@ -25,7 +25,7 @@ from aiohttp import web
 from netopt.chunking import chunk_bytes
 from netopt.dataplane.client import ClientOptions, sync_url
 from netopt.dataplane.handlers import PART_CACHE, auth_middleware
-from netopt.dataplane.limits import MAX_CHUNK_PARTS
+from netopt.dataplane.limits import MAX_AVG_CHUNK_BYTES, MAX_CHUNK_PARTS
 from netopt.dataplane.prefetch import META_COPIES, WARM_CONNECTIONS
 from netopt.dataplane.server import ServeSettings, add_dataplane, load_dataset, start_server
 from netopt.dataplane.streamwork import MIN_PART_BYTES
@@ -410,12 +410,15 @@ def _write_one_file(root: Path, data: bytes) -> None:
     (root / "one.py").write_bytes(data)
 
 
-async def _serve_one_chunk(root: Path, size_bytes: int) -> tuple[bytes, web.AppRunner, str]:
-    """A server of one file of ``size_bytes`` of text (one chunk: at most 1 MiB); the file's
-    bytes, the runner and the dataset's URL."""
+async def _serve_one_chunk(
+    root: Path, size_bytes: int, chunk_bytes: int = 1024 * 1024
+) -> tuple[bytes, web.AppRunner, str]:
+    """A server of one file of ``size_bytes`` of text, chunked at ``chunk_bytes`` on
+    average (the callers' sizes make it one chunk); the file's bytes, the runner and the
+    dataset's URL."""
     data = real_text(size_bytes)
     await asyncio.to_thread(_write_one_file, root, data)
-    runner, port = await _serve(root, [], chunk_bytes=1024 * 1024)
+    runner, port = await _serve(root, [], chunk_bytes=chunk_bytes)
     return data, runner, f"http://127.0.0.1:{port}/v1/datasets/ds"
 
 
@@ -452,7 +455,11 @@ async def test_the_chunk_route_cuts_parts_and_refuses_bad_ones(tmp_path: Path) -
 
 
 async def test_parts_asked_at_once_read_their_chunk_from_disk_once(tmp_path: Path) -> None:
-    data, runner, base = await _serve_one_chunk(tmp_path / "src", 900 * 1024)
+    # A chunk of the size a sync fetches again at its tail (the plan's 2 MiB chunks on a
+    # long link; 1.8 MiB of text is what the repository's source holds).
+    data, runner, base = await _serve_one_chunk(
+        tmp_path / "src", 1800 * 1024, chunk_bytes=MAX_AVG_CHUNK_BYTES
+    )
     parts = MAX_CHUNK_PARTS
     cache = runner.app[PART_CACHE]
     cache.keep_s = 0.5  # then swept, with no request after
@@ -460,7 +467,7 @@ async def test_parts_asked_at_once_read_their_chunk_from_disk_once(tmp_path: Pat
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
             async with http.get(f"{base}/manifest") as resp:
                 manifest = await resp.json()
-            (ref,) = manifest["files"][0]["chunks"]  # 900 KB: one chunk
+            (ref,) = manifest["files"][0]["chunks"]  # one chunk
             url = f"{base}/chunks/{ref[0]}"
 
             async def part(index: int) -> bytes:
