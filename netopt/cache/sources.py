@@ -54,15 +54,17 @@ from netopt.dataplane.client import (
 )
 from netopt.dataplane.httpsource import (
     ClientOptions,
+    DatasetInfo,
     DatasetUrl,
     HttpChunkSource,
     checked_dataset_url,
     parse_dataset_url,
 )
+from netopt.dataplane.leadplan import lead_ranges
 from netopt.dataplane.prefetch import WARM_CONNECTIONS
 from netopt.dataplane.synctypes import SyncOptions
 from netopt.errors import DatasetChangedError, IntegrityError, StorageError, ValidationError
-from netopt.names import is_dataset_name
+from netopt.names import is_dataset_name, is_hash_id
 from netopt.transfer.figures import LinkFigures
 from netopt.transfer.linklookup import LOOKUP_TIMEOUT_S, CoordinatorRef, measured_link
 from netopt.transfer.manifest import Manifest
@@ -123,6 +125,12 @@ class SourceOptions:
     """The cache the sync goes through: a netopt source names the versions it holds when
     asking for the manifest, and reads the current one back from it when the server
     says so (`netopt.cache.storedmanifests`). None: every manifest is fetched."""
+    lead: bool = False
+    """A netopt source may lead (`netopt.dataplane.leadplan`): ask for the version's
+    first chunks by their place as soon as its info is in, before the manifest. For a
+    sync with nothing of the dataset in hand (the syncer sets it: no version in the
+    cache, nothing shared in the region, DEST empty); the source leads only when the
+    cache holds no version of the dataset either."""
     retry: SyncOptions = field(default_factory=SyncOptions)
     """The sync's retry window and backoff: a web origin's requests that fail to reach it
     are asked again within them (`netopt.cache.weblink`)."""
@@ -332,6 +340,8 @@ class NetoptSource(Source):
         if opts.cache_dir is not None and client.known_manifests is None:
             held = await asyncio.to_thread(known_manifests, opts.cache_dir, self.url.name)
             client = replace(client, known_manifests=held)
+        if client.known_manifests is not None and client.known_manifests.ids:
+            opts = replace(opts, lead=False)  # a version in hand: a delta, not a cold sync
         async with HttpChunkSource(self.url, client) as source:
             yield await self._opened(opts, source)
 
@@ -350,7 +360,9 @@ class NetoptSource(Source):
             lookup = asyncio.ensure_future(measured_link(opts.coordinator, url.host, url.port))
         try:
             info, manifest = await fetch_info_and_manifest(
-                source, opts.streams or opts.warm_connections
+                source,
+                opts.streams or opts.warm_connections,
+                partial(_lead, opts, source, cpu) if opts.lead else None,
             )
             trace.mark("manifest_parsed")
             measured = await _looked_up(lookup)
@@ -407,6 +419,31 @@ class NetoptSource(Source):
             file_cost_dir=file_cost_dir, file_cost_s=file_cost_s,
             replan=lambda fetch_bytes, files: plan_with(cpu, fetch_bytes=fetch_bytes, files=files),
         )  # fmt: skip
+
+
+def _lead(opts: SourceOptions, source: HttpChunkSource, cpu: CpuProfile, info: DatasetInfo) -> None:
+    """Start ``source``'s lead (`netopt.dataplane.leadplan`) for ``info``'s version, at the
+    level and over the streams a plan made from the info alone chooses (the plan made
+    once the manifest is in counts its files and chunks; the level may then move)."""
+    if not info.stream_lead or not is_hash_id(info.manifest_id):
+        return
+    figures = link_figures_for(
+        info,
+        rate_bps=opts.link_rate_bps,
+        loss_ratio=opts.link_loss_ratio,
+        rate_limit_bps=opts.client.rate_limit_bps,
+    )
+    plan = plan_for(
+        info, None, cpu, figures=figures, max_streams=opts.max_streams, files=info.files
+    )
+    ranges = lead_ranges(info.chunks, info.total_bytes, opts.streams or plan.streams)
+    if not ranges:
+        return
+    level = plan.zstd_level if opts.zstd_level is None else opts.zstd_level
+    source.zstd_level = level or None
+    source.use_routes_of(info)  # a context and bundles: as the sync's own streams ask
+    trace.mark("lead_start")
+    source.start_lead(info.manifest_id, ranges)
 
 
 @dataclass(frozen=True)

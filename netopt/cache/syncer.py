@@ -414,6 +414,10 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
         source_options = replace(source_options, warm_connections=SHARING_WARM_CONNECTIONS)
     if req.sync_options is not None:
         source_options = replace(source_options, retry=req.sync_options)
+    cold = req.sharing is None and not req.dry_run
+    if cold and await asyncio.to_thread(_holds_nothing, req.dest):
+        # Nothing of it here: its first chunks may come while its manifest does.
+        source_options = replace(source_options, lead=True)
     try:
         report = await _run_sync_restarting(req, source, source_options, on_progress, started_s)
     except Exception:
@@ -425,6 +429,18 @@ async def run_sync(req: SyncRequest, on_progress: ProgressCallback | None = None
         await asyncio.to_thread(record_sync, req.cache_dir, name, _totals_of(report))
         await asyncio.to_thread(_keep_file_cost, report)
     return report
+
+
+def _holds_nothing(dest: str | os.PathLike[str]) -> bool:
+    """True when ``dest`` is missing or holds nothing but the sync's own state directory
+    (`STATE_DIR_NAME`): a sync into it writes every file."""
+    try:
+        with os.scandir(dest) as entries:
+            return all(entry.name == STATE_DIR_NAME for entry in entries)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def _keep_file_cost(report: SyncReport) -> None:

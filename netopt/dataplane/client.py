@@ -257,8 +257,63 @@ async def _hedged(request: Callable[[], Awaitable[_T]], delay_s: float = HEDGE_D
         await asyncio.gather(*tries, return_exceptions=True)
 
 
+InfoHook = Callable[[DatasetInfo], None]
+"""Called with the dataset's info as soon as it is in, before the manifest (a lead
+starts there: `netopt.dataplane.lead`)."""
+
+
 async def fetch_info_and_manifest(
-    source: HttpChunkSource, connections: int
+    source: HttpChunkSource, connections: int, on_info: InfoHook | None = None
+) -> tuple[DatasetInfo, Manifest]:
+    """`_fetch_info_and_manifest`, calling ``on_info`` (once) with the info as soon as
+    it is in, checked as the normal path checks it, when it comes before the manifest."""
+    if on_info is None:
+        return await _fetch_info_and_manifest(source, connections, None)
+    called = False
+
+    def once(info: DatasetInfo) -> None:
+        nonlocal called
+        if not called and info.name == source.url.name:
+            called = True
+            on_info(info)
+
+    watcher = asyncio.ensure_future(_prefetched_info(source, once))
+    try:
+        return await _fetch_info_and_manifest(source, connections, once)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
+INFO_POLLS_MAX = 2000
+"""How often `_prefetched_info` looks for the prefetch's info (every
+`prefetch.LATE_POLL_S`: 10 s), unless the manifest came first (it is cancelled then)."""
+
+
+async def _prefetched_info(source: HttpChunkSource, on_info: InfoHook) -> None:
+    """``on_info`` with the start-up prefetch's info once it is in (there is none without
+    a prefetch, and none that does not validate)."""
+    url, token = source.url, source.options.token
+    if not prefetch.prefetching(url.host, url.port, url.name, token):
+        return
+    for _ in range(INFO_POLLS_MAX):
+        got = prefetch.peek_info(url.host, url.port, url.name, token)
+        if got is not None:
+            break
+        await asyncio.sleep(prefetch.LATE_POLL_S)
+    else:
+        return
+    doc, first_byte_s = got
+    rtt_s = prefetch.handshake_rtt_s(url.host, url.port) or first_byte_s
+    try:
+        info = source.info_from_dict(doc, rtt_s * 1000)
+    except ProtocolError:
+        return  # the normal path reports it
+    on_info(info)
+
+
+async def _fetch_info_and_manifest(
+    source: HttpChunkSource, connections: int, on_info: InfoHook | None
 ) -> tuple[DatasetInfo, Manifest]:
     """The dataset's info and manifest, in parallel over a short-lived session of their
     own, while ``source`` opens ``connections`` data connections; returned once those are
@@ -281,9 +336,11 @@ async def fetch_info_and_manifest(
         source.start_warm_up(connections)
     early = await prefetch.take_meta(url.host, url.port, url.name, token)
     if early is not None:
+        if source.lead is not None:
+            source.lead.widen()  # the manifest is in: the link idles while it is parsed
         return await _prefetched(source, early)
     # Asked again, normally; the prefetch's answers still count if they come first.
-    normal = asyncio.ensure_future(_asked_normally(source, connections, warming))
+    normal = asyncio.ensure_future(_asked_normally(source, connections, warming, on_info))
     late = asyncio.ensure_future(prefetch.late_meta(url.host, url.port, url.name, token))
     try:
         await asyncio.wait({normal, late}, return_when=asyncio.FIRST_COMPLETED)
@@ -295,6 +352,8 @@ async def fetch_info_and_manifest(
         trace.count("prefetched_meta_late")
         if not source.warm_up_started:
             source.start_warm_up(connections)
+        if source.lead is not None:
+            source.lead.widen()
         return await _prefetched(source, answer)
     finally:
         for task in (normal, late):
@@ -320,15 +379,24 @@ async def _prefetched(
 
 
 async def _asked_normally(
-    source: HttpChunkSource, connections: int, warming: bool
+    source: HttpChunkSource, connections: int, warming: bool, on_info: InfoHook | None = None
 ) -> tuple[DatasetInfo, Manifest]:
     """`fetch_info_and_manifest` over a short-lived session of its own; starts the
-    warm-up unless it runs already (``warming``)."""
+    warm-up unless it runs already (``warming``); ``on_info`` with the info when it
+    comes before the manifest."""
     async with HttpChunkSource(source.url, replace(source.options, streams=4)) as meta:
         try:
             async with asyncio.TaskGroup() as tg:
                 info_task = tg.create_task(_hedged(meta.fetch_info))
                 manifest_task = tg.create_task(_hedged(meta.fetch_manifest))
+
+                def info_in(task: asyncio.Task[DatasetInfo]) -> None:
+                    if on_info is None or task.cancelled() or manifest_task.done():
+                        return
+                    if task.exception() is None:
+                        on_info(task.result())
+
+                info_task.add_done_callback(info_in)
                 if not warming:  # after the two: they connect first
                     source.start_warm_up(connections)
         except BaseExceptionGroup as group:
@@ -373,7 +441,5 @@ def _asked_for(
                 f"{url}: the server's {what} names dataset {name[:200]!r}, not {url.name!r}; "
                 "refusing it (nothing was written)"
             )
-    source.chunk_parts = info.chunk_parts
-    source.stream_context = info.stream_context
-    source.stream_bundles = info.stream_bundles
+    source.use_routes_of(info)
     return info, manifest

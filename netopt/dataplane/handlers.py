@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -26,6 +26,7 @@ from aiohttp.http_exceptions import LineTooLong
 from netopt.dataplane.batchrun import ThreadBatcher
 from netopt.dataplane.chunkio import Codec, encode_chunk, frame_header, part_bounds
 from netopt.dataplane.frames import FRAME_READ_BYTES_PER_S
+from netopt.dataplane.leadplan import LEAD_MAX_CHUNKS, lead_positions
 from netopt.dataplane.limits import (
     MAX_CHUNK_PARTS,
     MAX_STREAM_NAMES_QUEUED,
@@ -273,6 +274,7 @@ async def dataset_info(request: web.Request) -> web.Response:
             "stream_levels": True,
             "stream_context": True,
             "stream_bundles": True,
+            "stream_lead": True,
             "chunk_parts": MAX_CHUNK_PARTS,
         }
     )
@@ -551,6 +553,45 @@ async def dataset_batch(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+def _lead(request: web.Request, ds: DatasetView) -> Iterator[int]:
+    """The positions in ``ds``'s chunk order that the stream request's lead names (none
+    without ``lead``): 400 for a malformed or empty one, 409 (JSON) when it names
+    another version than ``ds``'s."""
+    version = request.query.get("lead")
+    if version is None:
+        return iter(())
+    if not is_hash_id(version):
+        raise _bad_lead("lead is not a version id")
+    start = _lead_number(request, "from")
+    count = _lead_number(request, "count")
+    every = _lead_number(request, "every")
+    if version != ds.manifest.manifest_id:
+        exc = DatasetChangedError(
+            f"the lead names version {version[:16]}, not the one served now: "
+            "fetch the info and manifest again"
+        )
+        raise web.HTTPConflict(text=json.dumps(exc.to_dict()), content_type="application/json")
+    try:
+        return lead_positions(len(ds.manifest.chunk_order), start, count, every)
+    except ValueError as exc:
+        raise _bad_lead(str(exc)) from None
+
+
+def _bad_lead(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(
+        text=json.dumps(ValidationError(message).to_dict()), content_type="application/json"
+    )
+
+
+def _lead_number(request: web.Request, key: str) -> int:
+    """A lead's ``from``, ``count`` or ``every``: decimal digits, at most as many as
+    `LEAD_MAX_CHUNKS` has; else 400."""
+    text = request.query.get(key, "")
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(LEAD_MAX_CHUNKS))):
+        raise _bad_lead(f"{key} is not a chunk count")
+    return int(text)
+
+
 async def _next_stream_id(
     request: web.Request, ds: DatasetView, seen: set[str], level: int
 ) -> tuple[str, int] | None:
@@ -584,7 +625,10 @@ async def _next_stream_id(
 @_client_may_leave
 async def dataset_stream(request: web.Request) -> web.StreamResponse:
     """Frames for the chunk names the body sends, in order, as the names arrive; a line
-    ``NAME LEVEL`` sends that chunk at LEVEL instead of the request's ``level``.
+    ``NAME LEVEL`` sends that chunk at LEVEL instead of the request's ``level``. With
+    ``lead=VERSION&from=START&count=COUNT&every=EVERY`` (`netopt.dataplane.leadplan`),
+    the frames of those chunks of the version's order come first (409 when VERSION is
+    not the one served now).
 
     The first name is checked before the response starts (400/404 as for a
     batch); a bad later name, or a chunk that cannot be read, cuts the stream:
@@ -593,7 +637,12 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     ds = await _dataset(request)
     level = _level(request)
     seen: set[str] = set()
-    first = await _next_stream_id(request, ds, seen, level)
+    # A lead's chunks come first (named by their place in the version, `leadplan`); the
+    # body's names follow. A body may name a chunk of its lead once more: at most twice.
+    lead = _lead(request, ds)
+    first = (ds.manifest.chunk_order[at], level) if (at := next(lead, None)) is not None else None
+    if first is None:
+        first = await _next_stream_id(request, ds, seen, level)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-netopt-frames"})
     await resp.prepare(request)
     if first is None:
@@ -606,6 +655,8 @@ async def dataset_stream(request: web.Request) -> web.StreamResponse:
     names.put_nowait(first)
 
     async def read_names() -> None:
+        for position in lead:
+            await names.put((ds.manifest.chunk_order[position], level))
         while (named := await _next_stream_id(request, ds, seen, level)) is not None:
             await names.put(named)
         await names.put(None)

@@ -39,6 +39,7 @@ from netopt.dataplane.chunkio import (
     part_bounds,
 )
 from netopt.dataplane.hedge import gather_hedged
+from netopt.dataplane.lead import Lead
 from netopt.dataplane.limits import (
     MAX_CHUNK_PARTS,
     MAX_INFO_BYTES,
@@ -128,19 +129,20 @@ def stall_timeout_s(rtt_s: float | None) -> float:
     return min(max(STALL_MIN_S, STALL_RTTS * rtt_s), STALL_MAX_S)
 
 
-def watch_stalls(resp: aiohttp.ClientResponse, stall_s: float) -> None:
+def watch_stalls(resp: aiohttp.ClientResponse, stall_s: float | None) -> None:
     """Arm stall detection on ``resp``'s connection, its headers just in: aiohttp fails
     the read once no byte has arrived for ``stall_s`` (its clock stops while this side
     is the slow one), and the kernel drops the connection once what this side sent
     stays unacknowledged that long. Nothing for an answer that has left its connection
-    (its body came with its headers)."""
+    (its body came with its headers). ``stall_s`` None: no read times out (a lead's
+    stream, idle once its lead is in until the manifest names its chunks)."""
     conn = resp.connection
     if conn is None or conn.protocol is None:
         return
     conn.protocol.read_timeout = stall_s
     conn.protocol.start_timeout()  # the headers just came: the clock starts now
     sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
-    if sock is not None:
+    if sock is not None and stall_s is not None:
         set_user_timeout(sock, stall_s)
 
 
@@ -242,6 +244,9 @@ class DatasetInfo:
     stream_bundles: bool = False
     """The server's stream route sends small chunks ready together as one frame
     (``bundle=1``, with ``ctx=1``)."""
+    stream_lead: bool = False
+    """The server's stream route takes a lead: chunks named by their place in the
+    version (``lead``, ``from``, ``count``; see `netopt.dataplane.leadplan`)."""
 
 
 class HttpChunkSource:
@@ -290,6 +295,9 @@ class HttpChunkSource:
         it); until then the fastest handshake so far stands in."""
         self.warm_ready = 0
         """Connections the warm-up (`start_warm_up`) has opened so far."""
+        self.lead: Lead | None = None
+        """The lead streams started before the manifest was in (`start_lead`), until the
+        sync takes them (`take_leads`) or this source closes."""
         self._warming: asyncio.Task[None] | None = None
         self._first_warm = asyncio.Event()
         self._first_warm_s = 0.0
@@ -489,13 +497,19 @@ class HttpChunkSource:
             await asyncio.wait({task}, timeout=left_s)
         return self.warm_ready
 
-    def open_stream(self) -> HttpChunkStream:
+    def open_stream(self, lead: tuple[str, int, int, int] | None = None) -> HttpChunkStream:
         """A `ChunkStream` over the server's stream route (see `netopt.dataplane.streaming`);
         with an `adapter`, each name carries the level of the moment when it differs from
-        the stream's (``NAME LEVEL``, a server advertising ``stream_levels`` only)."""
+        the stream's (``NAME LEVEL``, a server advertising ``stream_levels`` only).
+        ``lead``: the version, and the start, count and spacing of the chunks its answer
+        begins with (see `netopt.dataplane.leadplan.lead_positions`)."""
         session = self._require_session()
         path = f"/v1/datasets/{self.url.name}/stream"
         params = {"level": str(self.zstd_level or 0)}
+        if lead is not None:
+            version, start, count, every = lead
+            params.update(lead=version, count=str(count), every=str(every))
+            params["from"] = str(start)
         if self.stream_context:
             params["ctx"] = "1"
             if self.stream_bundles:
@@ -598,7 +612,33 @@ class HttpChunkSource:
             )
             self.zstd_level = level or None
 
+    def use_routes_of(self, info: DatasetInfo) -> None:
+        """Ask as the server's ``info`` offers: chunks in parts, streams with one zstd
+        context each, small chunks bundled."""
+        self.chunk_parts = info.chunk_parts
+        self.stream_context = info.stream_context
+        self.stream_bundles = info.stream_bundles
+
+    def start_lead(self, version: str, ranges: Sequence[tuple[int, int, int]]) -> None:
+        """Open a stream for each ``(start, count, every)`` of ``version``'s chunk order
+        (`netopt.dataplane.leadplan.lead_positions`) and read
+        its answer meanwhile (`netopt.dataplane.lead`), at the level set now: before the
+        manifest is in. Nothing under a rate limit (the bytes read ahead are not charged
+        to it) or when a lead runs already."""
+        if self.lead is not None or self._bucket is not None or not ranges:
+            return
+        self.lead = Lead(version, [(self.open_stream((version, *at)), at) for at in ranges])
+
+    async def take_leads(self, manifest: Manifest) -> list[tuple[HttpChunkStream, list[str]]]:
+        """The lead's streams for the sync of ``manifest``, each with the chunks it was asked
+        for (see `Lead.take`); none without a lead."""
+        lead, self.lead = self.lead, None
+        return await lead.take(manifest) if lead is not None else []
+
     async def __aexit__(self, *exc: object) -> None:
+        if self.lead is not None:
+            lead, self.lead = self.lead, None
+            await lead.aclose()
         await self.link_watch.close()
         checks = [check for _, check in self._cut_checks]
         for check in checks:
@@ -770,6 +810,7 @@ class HttpChunkSource:
                 chunk_parts=_chunk_parts(data.get("chunk_parts")),
                 stream_context=data.get("stream_context") is True,
                 stream_bundles=data.get("stream_bundles") is True,
+                stream_lead=data.get("stream_lead") is True,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"{self.url}: malformed dataset info: {exc}") from exc
@@ -950,10 +991,11 @@ class _LevelledStream(HttpChunkStream):
         super().__init__(*args)
         self._source = source
         self._opened_level = source.zstd_level or 0
-        self._per_line = source.adapter is not None
 
     def ask(self, chunk_id: str, length_bytes: int) -> None:
-        level = (self._source.zstd_level or 0) if self._per_line else self._opened_level
+        # Looked at per name: a lead's stream opens before the adapter exists.
+        per_line = self._source.adapter is not None
+        level = (self._source.zstd_level or 0) if per_line else self._opened_level
         self._source.asked(chunk_id, level)
         if level == self._opened_level:
             super().ask(chunk_id, length_bytes)
@@ -962,8 +1004,20 @@ class _LevelledStream(HttpChunkStream):
 
     async def next(self, chunk_id: str, length_bytes: int) -> RawChunk:
         raw = await super().next(chunk_id, length_bytes)
-        self._source.arrived(chunk_id, raw, length_bytes)
+        self._arrived(chunk_id, raw, length_bytes)
         return raw
+
+    def _arrived(self, chunk_id: str, raw: RawChunk, length_bytes: int) -> None:
+        """Feed the adapter, but not with a lead's frames: they were asked for before the
+        level was planned, and most were read ahead in a burst (not at the link's pace)."""
+        if self.frames_read > self.lead_chunks:
+            self._source.arrived(chunk_id, raw, length_bytes)
+
+    def _hold_stalls(self, resp: aiohttp.ClientResponse) -> None:
+        watch_stalls(resp, None)
+
+    def _watch_again(self, resp: aiohttp.ClientResponse) -> None:
+        self._source._watch_stalls(resp)
 
     def may_be_cut(self) -> None:
         """The chunk this stream waits for was asked for elsewhere too (see
@@ -979,7 +1033,7 @@ class _LevelledStream(HttpChunkStream):
     def next_buffered(self, chunk_id: str, length_bytes: int) -> RawChunk | None:
         raw = super().next_buffered(chunk_id, length_bytes)
         if raw is not None:
-            self._source.arrived(chunk_id, raw, length_bytes)
+            self._arrived(chunk_id, raw, length_bytes)
         return raw
 
     async def aclose(self, *, complete: bool = True) -> None:

@@ -66,6 +66,8 @@ __all__ = [
     "discard",
     "handshake_rtt_s",
     "late_meta",
+    "peek_info",
+    "prefetching",
     "sockets_need_tls",
     "start",
     "take_meta",
@@ -602,6 +604,25 @@ async def take_meta(host: str, port: int, name: str, token: str | None) -> MetaA
             break
         await asyncio.sleep(LATE_POLL_S)
     return _answer(pre, host, port)
+
+
+def prefetching(host: str, port: int, name: str, token: str | None) -> bool:
+    """True when a prefetch of ``name`` at ``host:port`` with ``token`` was started."""
+    pre = _matching(host, port, name)
+    return pre is not None and pre.token == token
+
+
+def peek_info(host: str, port: int, name: str, token: str | None) -> tuple[Any, float] | None:
+    """The prefetched info document of ``name`` at ``host:port`` (unvalidated JSON) and its
+    request's time to first byte (s), once it is in; None before, or without such a
+    prefetch. Not handed out: `take_meta` still hands it out with the manifest. For a
+    lead (`netopt.dataplane.lead`), which starts as soon as the info names the version."""
+    pre = _matching(host, port, name)
+    if pre is None or pre.token != token:
+        return None
+    with pre.lock:
+        got = pre.answers.get("info")
+    return (got[0], got[1]) if got is not None else None
 
 
 LATE_POLL_S = 0.005

@@ -14,7 +14,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import aiohttp
@@ -166,6 +166,15 @@ class HttpChunkStream:
         opposed to a stream the client cut or ended."""
         self.end_version: str | None = None
         """The version the server's end frame named (a stream closed complete); else None."""
+        self._pulled: list[bytes] = []
+        self.pull_limit_bytes = 0
+        """The most bytes `pull` holds (it may be raised while `pull` runs)."""
+        self.pulled_bytes = 0
+        """Bytes `pull` read off the answer ahead of any `next` (a lead's, before its names
+        are known): they become the carry when `adopt` names them."""
+        self.lead_chunks = 0
+        """Chunks `adopt` named: the stream's first frames, asked for by the lead."""
+        self._watch_later = False
 
     async def _body(self) -> AsyncIterator[bytes]:
         while True:
@@ -201,13 +210,8 @@ class HttpChunkStream:
             if unpacked is not None:
                 return unpacked
             if self._resp is None:
-                trace.mark("first_request")
-                self._ctx = self._session.post(self._url, params=self._params, data=self._body())
-                async with asyncio.timeout(self._answer_timeout_s):
-                    self._resp = await self._ctx.__aenter__()
-                trace.mark("first_answer")  # the first stream's status line and headers
-                fail_reads_on_close(self._resp)
-                await self._check_status(self._resp, self._where)
+                await self._open()
+            assert self._resp is not None
             bound = self._bundle_bound if self._bundles else None
             raw = await read_frame(
                 self._resp, self._read, chunk_id, length_bytes, self._where, bound
@@ -226,11 +230,86 @@ class HttpChunkStream:
             self._broken = True
             raise
 
+    @property
+    def answered(self) -> bool:
+        """The answer's status line and headers are in (and were a success)."""
+        return self._resp is not None and not self._broken
+
+    async def _open(self) -> None:
+        """Send the request (its body: the names as they are asked) and take the answer's
+        status line and headers."""
+        trace.mark("first_request")
+        # A lead's request names its chunks in its query and its body is empty until the
+        # manifest is in; aiohttp holds a request's headers back until its body's first
+        # bytes, so a lead asks for "100 Continue": its headers then go out at once.
+        self._ctx = self._session.post(
+            self._url, params=self._params, data=self._body(), expect100="lead" in self._params
+        )
+        async with asyncio.timeout(self._answer_timeout_s):
+            self._resp = await self._ctx.__aenter__()
+        trace.mark("first_answer")  # the first stream's status line and headers
+        fail_reads_on_close(self._resp)
+        await self._check_status(self._resp, self._where)
+
+    async def pull(self) -> bool:
+        """Open the stream and read its answer into memory, unparsed, until
+        `pull_limit_bytes` are held (then True: another call may read on, once the limit
+        is raised) or it ends (False): a lead stream (its request names chunks by their
+        place in a version, `netopt.dataplane.leadplan`) before its names are known.
+        `adopt` hands what was read to `next`. Raises what `next` raises for the request
+        and its reads; safe to cancel (nothing read is lost)."""
+        try:
+            if self._resp is None:
+                await self._open()
+            assert self._resp is not None
+            # Nothing comes once the lead is in, until the manifest names its chunks and
+            # more are asked for: that is no stall.
+            self._hold_stalls(self._resp)
+            while self.pulled_bytes < self.pull_limit_bytes:
+                more = await self._resp.content.readany()
+                if not more:
+                    return False
+                self._pulled.append(more)
+                self.pulled_bytes += len(more)
+            return True
+        except (asyncio.IncompleteReadError, aiohttp.ClientError, TimeoutError) as exc:
+            self._broken = self.failed = True
+            raise map_errors(exc, self._where, self._unreachable) from exc
+
+    def adopt(self, names: Sequence[tuple[str, int]]) -> None:
+        """The chunks (names and lengths) the request's lead stands for, now known, in
+        order: the frames `pull` read, and those still to come, are theirs first. Before
+        anything is asked on the stream."""
+        if self._asked or self.frames_read:
+            raise RuntimeError("adopt() after the stream was asked for chunks")
+        self._asked.extend(names)
+        self.lead_chunks = len(names)
+        self._carry, self._carry_at = b"".join(self._pulled), 0
+        self._pulled = []
+        self._watch_later = True
+
+    def _hold_stalls(self, resp: aiohttp.ClientResponse) -> None:
+        """No read of ``resp`` times out from now on (see `pull`); here: nothing to do
+        (a source that arms stall detection overrides this)."""
+
+    def _watch_again(self, resp: aiohttp.ClientResponse) -> None:
+        """Arm stall detection on ``resp`` again (see `adopt`); here: nothing to do."""
+
+    def _reading_on(self, resp: aiohttp.ClientResponse) -> None:
+        """This stream reads ``resp`` itself (not what `pull` held): after `adopt`, stall
+        detection comes back now. Armed at `adopt`, its clock would run while the sync
+        works through the frames held, with ``resp`` paused (its buffer full): no byte
+        would come, and the stream would be taken for stalled."""
+        if self._watch_later:
+            self._watch_later = False
+            self._watch_again(resp)
+
     async def _read(self, resp: aiohttp.ClientResponse, n_bytes: int) -> bytes:
         """``n_bytes`` of the response: what `next_buffered` took off it first, then the
         source's bounded read."""
         left = len(self._carry) - self._carry_at
         if not left:
+            self._reading_on(resp)
             return await self._read_exactly(resp, n_bytes)
         at = self._carry_at
         if left >= n_bytes:
@@ -240,6 +319,7 @@ class HttpChunkStream:
         head = self._carry[at:]
         self._carry, self._carry_at = b"", 0
         self._consumed(left)
+        self._reading_on(resp)
         return head + await self._read_exactly(resp, n_bytes - left)
 
     def _consumed(self, n_bytes: int) -> None:
@@ -409,6 +489,7 @@ class HttpChunkStream:
     def _take_arrived(self, resp: aiohttp.ClientResponse) -> bool:
         """Append what the response holds now to the carry (at most aiohttp's buffer:
         its flow control pauses the socket beyond that); False when nothing was there."""
+        self._reading_on(resp)
         more = resp.content.read_nowait(-1)
         if not more:
             return False

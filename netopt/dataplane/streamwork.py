@@ -293,9 +293,11 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
     helping = False
     hedging = can_hedge(run)
     while run.open_stream is not None and (
-        run.queue or (helping and (hedge_pending(run) if hedging else _lagging(run, None)))
+        run.leads
+        or run.queue
+        or (helping and (hedge_pending(run) if hedging else _lagging(run, None)))
     ):
-        if not run.queue and hedging:
+        if not run.leads and not run.queue and hedging:
             # Idle at the tail: fetch in parts what a stream lags on, while one may.
             target = hedge_candidate(run, time.monotonic(), hedge_after_s(run))
             if target is not None:
@@ -303,13 +305,19 @@ async def stream_worker(run: SyncRun, on_stored: Callable[[str], None]) -> None:
             else:
                 await asyncio.sleep(TAIL_POLL_S)
             continue
-        if not run.queue and _steal(run, None) is None:
+        if not run.leads and not run.queue and _steal(run, None) is None:
             # Idle at the tail: stay while another stream may still need help.
             await asyncio.sleep(min(run.options.steal_after_s / 5, BACKOFF_POLL_S))
             continue
         returns_at_open = run.link_returns()
-        stream = run.open_stream()
         asked = Asked()
+        if run.leads:
+            # A lead's stream, its chunks asked for already (`netopt.dataplane.lead`).
+            stream, names = run.leads.pop()
+            for chunk_id in names:
+                asked.ask(chunk_id, run.lengths[chunk_id])
+        else:
+            stream = run.open_stream()
         asked.end_names = stream.end
         asked.cut_hook = getattr(stream, "may_be_cut", None)
         run.asking.append(asked)

@@ -261,11 +261,13 @@ async def _fetch_and_write(
                 else:
                     missing[ref.chunk_id] = None
         run.chunks_total = len(missing)
+        led = await _carry_on_leads(run, source, manifest, missing)
         tail_bytes = tail_window_bytes(
             opts.streams, opts.stream_ahead_bytes, streamed=run.open_stream is not None
         )
-        run.queue.extend(fetch_order(list(missing), run.lengths, opts.start_fraction, tail_bytes))
-        run.queued_bytes = sum(run.lengths[cid] for cid in missing)
+        queued = [cid for cid in missing if cid not in led]
+        run.queue.extend(fetch_order(queued, run.lengths, opts.start_fraction, tail_bytes))
+        run.queued_bytes = sum(run.lengths[cid] for cid in queued)
         available = set(reused)
         open_files = OpenFiles()
         refetched: list[str] = []
@@ -318,7 +320,50 @@ async def _fetch_and_write(
             placing.add_done_callback(_retrieved)
             for assembler in made:
                 assembler.abandon()
+            for stream, _ in run.leads:  # a sync that ended before a worker took them
+                with contextlib.suppress(NetoptError, OSError):
+                    await stream.aclose(complete=False)
+            run.leads.clear()
     return run, len(reused), len(refetched)
+
+
+async def _carry_on_leads(
+    run: SyncRun,
+    source: ChunkSource,
+    manifest: Manifest,
+    missing: Mapping[str, None],
+) -> set[str]:
+    """The chunks asked for by the source's lead streams (see `netopt.dataplane.lead`)
+    that the sync's stream workers carry on (`SyncRun.leads`): one stream each, at most
+    `SyncOptions.streams`, and only where streams fetch the sync's chunks whole (not
+    batches, nor a small sync's parts: `streamwork.parts_per_chunk` cuts chunks only for
+    fewer than ``part_connections or streams`` of them). The other streams are closed,
+    and their chunks fetched as any others. A chunk a lead asked for that the sync does
+    not need (in the sink already, or only in files DEST holds) is claimed: its frame is
+    dropped."""
+    take: Callable[[Manifest], Coroutine[Any, Any, list[tuple[Any, list[str]]]]] | None
+    take = getattr(source, "take_leads", None)
+    if take is None:
+        return set()
+    leads = await take(manifest)
+    whole = len(missing) >= (run.options.part_connections or run.options.streams)
+    keep = run.open_stream is not None and whole
+    carried = leads[: run.options.streams] if keep else []
+    for stream, _ in leads[len(carried) :]:
+        with contextlib.suppress(NetoptError, OSError):
+            await stream.aclose(complete=False)
+    led: set[str] = set()
+    for _, names in carried:
+        for chunk_id in names:
+            if chunk_id in missing:
+                led.add(chunk_id)
+            else:
+                run.claimed.add(chunk_id)
+    run.leads = list(carried)
+    if carried:
+        trace.count("lead_streams_carried", len(carried))
+        trace.count("lead_chunks", len(led))
+    return led
 
 
 async def _dest_error(placing: asyncio.Future[Any]) -> BaseException | None:

@@ -229,6 +229,9 @@ class SyncRun:
         self.hedged: set[str] = set()
         """Chunks fetched again in parts at the tail (`netopt.dataplane.tailhedge`): once each."""
         self.duplicate_wire_bytes = 0
+        self.leads: list[tuple[ChunkStream, list[str]]] = []
+        """Streams a lead opened before the manifest was in (`netopt.dataplane.lead`), each
+        with the chunks it was asked for, not yet carried on by a stream worker."""
         opener = getattr(source, "open_stream", None)
         self.open_stream: Callable[[], ChunkStream] | None = opener if callable(opener) else None
         self.writers: dict[str, list[FileAssembler]] = {}

@@ -124,6 +124,13 @@ class Manifest:
         return out
 
     @functools.cached_property
+    def chunk_order(self) -> tuple[str, ...]:
+        """Its chunk names, each once, in first-use order (`unique_chunks`' keys), made
+        once: the order in which a lead stream's chunks are counted
+        (`netopt.dataplane.leadplan`), on the server and on the client alike."""
+        return tuple(self.unique_chunks())
+
+    @functools.cached_property
     def unique_bytes(self) -> int:
         """Bytes of its chunks, each once: what a sync with nothing in hand fetches."""
         return sum(self.unique_chunks().values())
