@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
@@ -72,6 +73,8 @@ __all__ = [
 ]
 
 # Logs under the server's name, as it did before this module was split from it.
+_HttpError = TypeVar("_HttpError", bound=web.HTTPException)
+
 log = logging.getLogger(__name__)
 
 MAX_ZSTD_LEVEL = 19
@@ -198,9 +201,12 @@ async def _fresh_dataset(request: web.Request) -> DatasetView:
     try:
         return await found.fresh(lambda refresh: loop.run_in_executor(executor, refresh))
     except StorageError as exc:
-        raise web.HTTPServiceUnavailable(
-            text=json.dumps(exc.to_dict()), content_type="application/json"
-        ) from None
+        raise _refusal(web.HTTPServiceUnavailable, exc) from None
+
+
+def _refusal(answer: type[_HttpError], exc: NetoptError) -> _HttpError:
+    """``exc`` as an HTTP error of class ``answer`` with netopt's JSON error body."""
+    return answer(text=json.dumps(exc.to_dict()), content_type="application/json")
 
 
 def _gone(chunk_id: str) -> web.HTTPGone:
@@ -208,7 +214,7 @@ def _gone(chunk_id: str) -> web.HTTPGone:
         f"chunk {chunk_id[:16]} is no longer in the dataset: its files changed; "
         "fetch the info and manifest again"
     )
-    return web.HTTPGone(text=json.dumps(exc.to_dict()), content_type="application/json")
+    return _refusal(web.HTTPGone, exc)
 
 
 _REFRESHING: set[asyncio.Task[None]] = set()
@@ -422,14 +428,12 @@ def _part(request: web.Request) -> tuple[int, int] | None:
         or not (parts_text.isascii() and parts_text.isdigit() and len(parts_text) <= 3)
         or not 0 <= int(part_text) < int(parts_text) <= MAX_CHUNK_PARTS
     ):
-        raise web.HTTPBadRequest(
-            text=json.dumps(
-                ValidationError(
-                    f"part={part_text!r}&parts={parts_text!r}: expected integers with "
-                    f"0 <= part < parts <= {MAX_CHUNK_PARTS}"
-                ).to_dict()
+        raise _refusal(
+            web.HTTPBadRequest,
+            ValidationError(
+                f"part={part_text!r}&parts={parts_text!r}: expected integers with "
+                f"0 <= part < parts <= {MAX_CHUNK_PARTS}"
             ),
-            content_type="application/json",
         )
     return int(part_text), int(parts_text)
 
@@ -570,7 +574,7 @@ def _lead(request: web.Request, ds: DatasetView) -> Iterator[int]:
             f"the lead names version {version[:16]}, not the one served now: "
             "fetch the info and manifest again"
         )
-        raise web.HTTPConflict(text=json.dumps(exc.to_dict()), content_type="application/json")
+        raise _refusal(web.HTTPConflict, exc)
     try:
         return lead_positions(len(ds.manifest.chunk_order), start, count, every)
     except ValueError as exc:
@@ -578,9 +582,7 @@ def _lead(request: web.Request, ds: DatasetView) -> Iterator[int]:
 
 
 def _bad_lead(message: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(
-        text=json.dumps(ValidationError(message).to_dict()), content_type="application/json"
-    )
+    return _refusal(web.HTTPBadRequest, ValidationError(message))
 
 
 def _lead_number(request: web.Request, key: str) -> int:
