@@ -22,7 +22,7 @@ import re
 import socket
 import time
 import types
-from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -629,11 +629,13 @@ class HttpChunkSource:
             return
         self.lead = Lead(version, [(self.open_stream((version, *at)), at) for at in ranges])
 
-    async def take_leads(self, manifest: Manifest) -> list[tuple[HttpChunkStream, list[str]]]:
+    async def take_leads(
+        self, manifest: Manifest, lengths: Mapping[str, int] | None = None
+    ) -> list[tuple[HttpChunkStream, list[str]]]:
         """The lead's streams for the sync of ``manifest``, each with the chunks it was asked
         for (see `Lead.take`); none without a lead."""
         lead, self.lead = self.lead, None
-        return await lead.take(manifest) if lead is not None else []
+        return await lead.take(manifest, lengths) if lead is not None else []
 
     async def __aexit__(self, *exc: object) -> None:
         if self.lead is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from netopt.dataplane import trace
@@ -94,10 +94,13 @@ class Lead:
         self._streams = []
         return good
 
-    async def take(self, manifest: Manifest) -> list[tuple[HttpChunkStream, list[str]]]:
+    async def take(
+        self, manifest: Manifest, lengths: Mapping[str, int] | None = None
+    ) -> list[tuple[HttpChunkStream, list[str]]]:
         """Each good stream with the chunk names of its lead in ``manifest`` (already
         adopted by the stream: see `HttpChunkStream.adopt`); none when ``manifest`` is
-        another version than the lead asked for (every stream closed)."""
+        another version than the lead asked for (every stream closed). ``lengths``: its
+        chunks' lengths, where the caller has them (else they are counted again)."""
         good = await self._stopped()
         if manifest.manifest_id != self.version:
             for lead in good:
@@ -105,7 +108,8 @@ class Lead:
             trace.count("lead_other_version")
             return []
         order = manifest.chunk_order
-        lengths = manifest.unique_chunks()
+        if lengths is None:
+            lengths = manifest.unique_chunks()
         taken: list[tuple[HttpChunkStream, list[str]]] = []
         for lead in good:
             at = lead_positions(len(order), lead.start, lead.count, lead.every)

@@ -341,11 +341,11 @@ async def _carry_on_leads(
     and their chunks fetched as any others. A chunk a lead asked for that the sync does
     not need (in the sink already, or only in files DEST holds) is claimed: its frame is
     dropped."""
-    take: Callable[[Manifest], Coroutine[Any, Any, list[tuple[Any, list[str]]]]] | None
+    take: Callable[..., Coroutine[Any, Any, list[tuple[Any, list[str]]]]] | None
     take = getattr(source, "take_leads", None)
     if take is None:
         return set()
-    leads = await take(manifest)
+    leads = await take(manifest, run.lengths)
     whole = len(missing) >= (run.options.part_connections or run.options.streams)
     keep = run.open_stream is not None and whole
     carried = leads[: run.options.streams] if keep else []
